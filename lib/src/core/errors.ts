@@ -1,0 +1,61 @@
+/**
+ * Every error the library throws on purpose is a `SqlQueueError`, so callers can tell our
+ * refusals (bad input, lost ownership, schema mismatch) from driver and network failures.
+ */
+export class SqlQueueError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = new.target.name;
+  }
+}
+
+/** An option passed to the module, a handler or a store is invalid. Raised at boot. */
+export class SqlQueueConfigError extends SqlQueueError {}
+
+/** An argument of an API call is invalid. Raised before any SQL runs. */
+export class SqlQueueValidationError extends SqlQueueError {}
+
+/**
+ * The worker no longer owns the job: its claim token was replaced (lease expired and the job
+ * was reaped or re-claimed) or the job left the leased state. The work it did must not be
+ * reported as success; with a lease, "exactly once" holds only for the database row.
+ */
+export class SqlQueueLeaseLostError extends SqlQueueError {
+  constructor(
+    readonly queue: string,
+    readonly jobId: string,
+    detail = 'the lease was lost (expired, reaped or claimed by another worker)',
+  ) {
+    super(`job ${jobId} in queue '${queue}': ${detail}`);
+  }
+}
+
+/** A handler ran longer than its `maxDurationMs`; the job was failed and its signal aborted. */
+export class SqlQueueJobTimeoutError extends SqlQueueError {
+  constructor(
+    readonly queue: string,
+    readonly jobId: string,
+    readonly maxDurationMs: number,
+  ) {
+    super(`job ${jobId} in queue '${queue}' exceeded maxDurationMs=${maxDurationMs}`);
+  }
+}
+
+/** The application is shutting down; running handlers are asked to stop. */
+export class SqlQueueShutdownError extends SqlQueueError {
+  constructor() {
+    super('the consumer is shutting down');
+  }
+}
+
+/**
+ * Thrown by a handler to say that retrying cannot help (bad payload, permanent refusal):
+ * the job goes to the dead state at once, with this error kept.
+ */
+export class SqlQueueUnrecoverableError extends SqlQueueError {}
+
+/** The database schema is missing, older or newer than this version of the library. */
+export class SqlQueueSchemaError extends SqlQueueError {}
+
+/** The claim was attempted inside an open transaction, where its locking contract does not hold. */
+export class SqlQueueTransactionError extends SqlQueueError {}

@@ -1,0 +1,111 @@
+import type {
+  CleanupRequest,
+  ClaimedJob,
+  ClaimRequest,
+  CompleteResult,
+  DeadJobPage,
+  EnqueueResult,
+  FailItem,
+  FailResult,
+  HeartbeatItem,
+  HeartbeatResult,
+  AttemptRecord,
+  JobId,
+  JobRecord,
+  NewJob,
+  OwnedJob,
+  QueueStats,
+  ReapedJob,
+} from './types.js';
+
+export type Dialect = 'postgres' | 'mssql';
+
+export type MigrationMode = 'auto' | 'check' | 'off';
+
+export interface SchemaStatus {
+  /** Version recorded in the database; 0 when the schema is not installed. */
+  current: number;
+  /** Latest version this build of the library knows. */
+  latest: number;
+}
+
+/**
+ * The port between the engine and a database. Each dialect implements it in `store/<dialect>/`
+ * and one contract suite (test/integration) proves them equivalent.
+ *
+ * Every write that concerns a claimed job is conditional on job id + claim token + state,
+ * and reports `lost` instead of pretending success. Batch methods take many items and run
+ * one statement, so throughput is not capped by one round trip per job.
+ */
+export interface QueueStore {
+  readonly dialect: Dialect;
+  readonly schema: string;
+
+  /** Applies (`auto`) or verifies (`check`) the schema; refuses a schema newer than the code. */
+  migrate(mode: MigrationMode): Promise<SchemaStatus>;
+
+  /**
+   * Inserts jobs in one round trip, in input order. With `transaction` (a driver transaction
+   * or client of the dialect), the jobs commit or roll back with the caller's work.
+   */
+  enqueue(jobs: readonly NewJob[], transaction?: unknown): Promise<EnqueueResult[]>;
+
+  /** Atomically leases up to `limit` due jobs of a queue, each with a fresh claim token. */
+  claim(request: ClaimRequest): Promise<ClaimedJob[]>;
+
+  /** Extends leases, keeping tokens. */
+  heartbeat(items: readonly HeartbeatItem[]): Promise<HeartbeatResult[]>;
+
+  complete(items: readonly OwnedJob[]): Promise<CompleteResult[]>;
+
+  /** Records failed attempts and schedules a retry, or moves jobs to dead. */
+  fail(items: readonly FailItem[]): Promise<FailResult[]>;
+
+  /**
+   * Gives back leased jobs that never started (prefetched, or stopped by shutdown before
+   * running): ready again at once, the attempt not counted.
+   */
+  release(items: readonly OwnedJob[]): Promise<CompleteResult[]>;
+
+  /** Returns up to `batchSize` expired leases to ready (or dead when out of attempts). */
+  reap(batchSize: number): Promise<ReapedJob[]>;
+
+  /** Cheap probe for the activation rule: is there at least one due job? */
+  hasClaimableWork(queue: string): Promise<boolean>;
+
+  stats(queue: string): Promise<QueueStats>;
+
+  getJob(id: JobId): Promise<JobRecord | null>;
+
+  /** Failed and lease-expired attempts, then the completion when the job is done. */
+  getAttempts(id: JobId): Promise<AttemptRecord[]>;
+
+  listDead(queue: string, page: { limit: number; afterId?: JobId | null }): Promise<DeadJobPage>;
+
+  /** Dead → ready with a fresh attempt budget. Returns the ids actually moved. */
+  retryDead(queue: string, ids: readonly JobId[] | 'all'): Promise<JobId[]>;
+
+  /** Deletes dead jobs of a queue; returns how many. */
+  purgeDead(queue: string, options?: { olderThanMs?: number }): Promise<number>;
+
+  /** Deletes one batch of old finished jobs (and their attempts); returns how many. */
+  cleanup(request: CleanupRequest): Promise<number>;
+
+  /** A bounded-time round trip, for readiness checks. */
+  ping(timeoutMs: number): Promise<void>;
+
+  /**
+   * Asks workers in other processes to look at a queue (PostgreSQL: NOTIFY, sent outside any
+   * producer transaction). Optional: stores without a wake channel leave it undefined.
+   */
+  notify?(queue: string): Promise<void>;
+
+  /** Subscribes to wake-ups from other processes; returns an unsubscribe function. */
+  listen?(onWake: (queue: string) => void): Promise<() => Promise<void>>;
+
+  /** True when an error is worth retrying after a pause (connection loss, deadlock, lock timeout). */
+  isTransientError(error: unknown): boolean;
+
+  /** Closes what the store opened itself; a pool passed in by the application stays open. */
+  close(): Promise<void>;
+}

@@ -1,0 +1,188 @@
+/** States a job moves through. `done` and `dead` are final until an operator retries a dead job. */
+export type JobState = 'ready' | 'leased' | 'done' | 'dead';
+
+/** Job ids are decimal strings: the column is a 64-bit integer, beyond JavaScript's safe range. */
+export type JobId = string;
+
+/** Options accepted for each enqueued job. */
+export interface EnqueueOptions {
+  /**
+   * Business id of the job, unique per queue: enqueueing the same key again returns the
+   * existing job (`created: false`) instead of a second one. Handlers see it, so they can
+   * pass it to an idempotent receiver.
+   */
+  idempotencyKey?: string;
+  /** Earliest time the job may run. Mutually exclusive with `delayMs`. */
+  runAt?: Date;
+  /** Delay from now (database clock) before the job may run. */
+  delayMs?: number;
+  /** Higher runs first; default 0. Ordering is best effort, never a FIFO promise. */
+  priority?: number;
+  /** Jobs sharing a group key are meant to run one at a time, in enqueue order. */
+  groupKey?: string;
+  /** Attempts before the job is dead; default from the queue's options (25 if none). */
+  maxAttempts?: number;
+}
+
+/** One job as handed to a store: already validated and serialized. */
+export interface NewJob {
+  queue: string;
+  /** JSON text of the payload. */
+  payload: string;
+  priority: number;
+  /** Absolute time, or null for "now + delayMs" on the database clock. */
+  runAt: Date | null;
+  delayMs: number;
+  groupKey: string | null;
+  idempotencyKey: string | null;
+  maxAttempts: number;
+}
+
+export interface EnqueueResult {
+  jobId: JobId;
+  /** False when a job with the same idempotency key already existed in the queue. */
+  created: boolean;
+}
+
+/** A job a worker holds: the claim token is its proof of ownership. */
+export interface ClaimedJob {
+  id: JobId;
+  queue: string;
+  payload: unknown;
+  priority: number;
+  groupKey: string | null;
+  idempotencyKey: string | null;
+  /** 1 for the first run; counts every claim, including ones lost to lease expiry. */
+  attempt: number;
+  maxAttempts: number;
+  claimToken: string;
+  enqueuedAt: Date;
+  claimedAt: Date;
+  leaseUntil: Date;
+}
+
+export interface ClaimRequest {
+  queue: string;
+  limit: number;
+  leaseMs: number;
+  /** Identifies the worker in the job row and attempt history (host:pid:…); diagnostic only. */
+  workerId: string;
+}
+
+export interface OwnedJob {
+  id: JobId;
+  claimToken: string;
+}
+
+export interface HeartbeatItem extends OwnedJob {
+  leaseMs: number;
+  /** Upper bound on the lease, counted from the claim; null for none. */
+  maxDurationMs: number | null;
+}
+
+/**
+ * Outcome of a token-checked write.
+ * - `ok`: this call changed the row;
+ * - `already`: the same token already recorded this outcome (a retry after a lost reply);
+ * - `lost`: the worker no longer owns the job; nothing was changed.
+ */
+export type OwnershipOutcome = 'ok' | 'already' | 'lost';
+
+export interface HeartbeatResult {
+  id: JobId;
+  outcome: Exclude<OwnershipOutcome, 'already'>;
+  leaseUntil: Date | null;
+}
+
+export interface CompleteResult {
+  id: JobId;
+  outcome: OwnershipOutcome;
+}
+
+export interface FailItem extends OwnedJob {
+  error: string;
+  stack: string | null;
+  /** Delay before the next attempt, from the retry policy. Ignored when the job goes dead. */
+  retryDelayMs: number;
+  /** Dead at once, whatever attempts are left (an unrecoverable error). */
+  dead: boolean;
+  workerId: string;
+}
+
+export interface FailResult {
+  id: JobId;
+  outcome: OwnershipOutcome;
+  /** State after the failure: `ready` (to be retried) or `dead`. Null when lost. */
+  state: 'ready' | 'dead' | null;
+}
+
+export interface ReapedJob {
+  id: JobId;
+  queue: string;
+  state: 'ready' | 'dead';
+  attempt: number;
+}
+
+export interface QueueStats {
+  queue: string;
+  /** Ready and due now. */
+  ready: number;
+  /** Ready but not due yet (delayed or backing off). */
+  delayed: number;
+  leased: number;
+  /** Leased with the lease already past: work the reaper has yet to return. */
+  expiredLeases: number;
+  dead: number;
+  /** Milliseconds since the oldest ready job became due; 0 when none is waiting. */
+  oldestReadyAgeMs: number;
+  /** Ready jobs that have already failed at least once. */
+  retrying: number;
+}
+
+export type AttemptOutcome = 'failed' | 'lease-expired' | 'completed';
+
+export interface AttemptRecord {
+  attempt: number;
+  outcome: AttemptOutcome;
+  error: string | null;
+  stack: string | null;
+  workerId: string | null;
+  startedAt: Date | null;
+  finishedAt: Date;
+}
+
+export interface JobRecord {
+  id: JobId;
+  queue: string;
+  state: JobState;
+  payload: unknown;
+  priority: number;
+  runAt: Date;
+  groupKey: string | null;
+  idempotencyKey: string | null;
+  attempts: number;
+  maxAttempts: number;
+  claimToken: string | null;
+  leaseUntil: Date | null;
+  workerId: string | null;
+  createdAt: Date;
+  claimedAt: Date | null;
+  finishedAt: Date | null;
+  lastError: string | null;
+}
+
+export interface DeadJobPage {
+  jobs: JobRecord[];
+  /** Pass as `afterId` for the next page; null at the end. */
+  nextAfterId: JobId | null;
+}
+
+export interface CleanupRequest {
+  /** Delete done jobs finished longer ago than this. */
+  doneRetentionMs: number;
+  /** Delete dead jobs finished longer ago than this; null keeps them until purged. */
+  deadRetentionMs: number | null;
+  /** Keep a finished job with an idempotency key at least this long, so the key still dedupes. */
+  idempotencyRetentionMs: number;
+  batchSize: number;
+}

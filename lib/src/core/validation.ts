@@ -1,0 +1,154 @@
+import { SqlQueueConfigError, SqlQueueValidationError } from './errors.js';
+import type { EnqueueOptions, NewJob } from './types.js';
+
+const QUEUE_NAME = /^[A-Za-z0-9._-]{1,128}$/;
+// Lowest common denominator of PostgreSQL (63 bytes) and SQL Server identifiers, ASCII only,
+// so the same name is valid, unambiguous and safe to quote in both dialects.
+const SCHEMA_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/;
+const KEY_MAX_LENGTH = 255;
+const MAX_DELAY_MS = 50 * 365 * 24 * 3600 * 1000;
+export const MAX_ATTEMPTS_LIMIT = 10_000;
+export const DEFAULT_MAX_ATTEMPTS = 25;
+export const DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024;
+
+type ErrorClass = new (message: string) => Error;
+
+export function assertQueueName(queue: unknown, error: ErrorClass = SqlQueueValidationError): string {
+  if (typeof queue !== 'string' || !QUEUE_NAME.test(queue)) {
+    throw new error(
+      `queue name ${describe(queue)} is invalid: use letters, digits, '.', '-', '_' (1 to 128 characters)`,
+    );
+  }
+  return queue;
+}
+
+export function assertSchemaName(schema: unknown): string {
+  if (typeof schema !== 'string' || !SCHEMA_NAME.test(schema)) {
+    throw new SqlQueueConfigError(
+      `schema name ${describe(schema)} is invalid: start with a letter or '_', then letters, digits or '_' (max 63 characters)`,
+    );
+  }
+  return schema;
+}
+
+/** Integer option check shared by module, queue and handler options. */
+export function assertInteger(
+  name: string,
+  value: unknown,
+  min: number,
+  max: number,
+  error: ErrorClass = SqlQueueConfigError,
+): number {
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
+    throw new error(`${name} must be an integer from ${min} to ${max}, got ${describe(value)}`);
+  }
+  return value;
+}
+
+export function assertBoolean(name: string, value: unknown): boolean {
+  if (typeof value !== 'boolean') {
+    throw new SqlQueueConfigError(`${name} must be true or false, got ${describe(value)}`);
+  }
+  return value;
+}
+
+export interface JobValidationLimits {
+  maxPayloadBytes: number;
+  defaultMaxAttempts: number;
+}
+
+/**
+ * Turns a caller's payload and options into a store-ready job, or throws before any SQL runs.
+ * `where` names the item in a bulk call so the message points at the bad one.
+ */
+export function prepareJob(
+  queue: string,
+  payload: unknown,
+  options: EnqueueOptions | undefined,
+  limits: JobValidationLimits,
+  where = '',
+): NewJob {
+  const at = where ? ` (${where})` : '';
+  assertQueueName(queue);
+  const opts = options ?? {};
+  const json = serializePayload(payload, limits.maxPayloadBytes, queue, at);
+
+  if (opts.runAt !== undefined && opts.delayMs !== undefined) {
+    throw new SqlQueueValidationError(`enqueue to '${queue}'${at}: give runAt or delayMs, not both`);
+  }
+  let runAt: Date | null = null;
+  if (opts.runAt !== undefined) {
+    if (!(opts.runAt instanceof Date) || Number.isNaN(opts.runAt.getTime())) {
+      throw new SqlQueueValidationError(`enqueue to '${queue}'${at}: runAt must be a valid Date`);
+    }
+    runAt = opts.runAt;
+  }
+  const delayMs =
+    opts.delayMs === undefined
+      ? 0
+      : assertInteger(`enqueue to '${queue}'${at}: delayMs`, opts.delayMs, 0, MAX_DELAY_MS, SqlQueueValidationError);
+  const priority =
+    opts.priority === undefined
+      ? 0
+      : assertInteger(`enqueue to '${queue}'${at}: priority`, opts.priority, -32768, 32767, SqlQueueValidationError);
+  const maxAttempts =
+    opts.maxAttempts === undefined
+      ? limits.defaultMaxAttempts
+      : assertInteger(
+          `enqueue to '${queue}'${at}: maxAttempts`,
+          opts.maxAttempts,
+          1,
+          MAX_ATTEMPTS_LIMIT,
+          SqlQueueValidationError,
+        );
+  return {
+    queue,
+    payload: json,
+    priority,
+    runAt,
+    delayMs,
+    groupKey: optionalKey('groupKey', opts.groupKey, queue, at),
+    idempotencyKey: optionalKey('idempotencyKey', opts.idempotencyKey, queue, at),
+    maxAttempts,
+  };
+}
+
+function optionalKey(name: string, value: unknown, queue: string, at: string): string | null {
+  if (value === undefined || value === null) return null;
+  if (typeof value !== 'string' || value.length === 0 || value.length > KEY_MAX_LENGTH) {
+    throw new SqlQueueValidationError(
+      `enqueue to '${queue}'${at}: ${name} must be a non-empty string of at most ${KEY_MAX_LENGTH} characters, got ${describe(value)}`,
+    );
+  }
+  return value;
+}
+
+function serializePayload(payload: unknown, maxBytes: number, queue: string, at: string): string {
+  let json: string | undefined;
+  try {
+    json = JSON.stringify(payload);
+  } catch (error) {
+    throw new SqlQueueValidationError(
+      `enqueue to '${queue}'${at}: payload is not JSON-serializable (${(error as Error).message})`,
+    );
+  }
+  if (json === undefined) {
+    throw new SqlQueueValidationError(
+      `enqueue to '${queue}'${at}: payload is not JSON-serializable (got ${typeof payload})`,
+    );
+  }
+  const bytes = Buffer.byteLength(json, 'utf8');
+  if (bytes > maxBytes) {
+    throw new SqlQueueValidationError(
+      `enqueue to '${queue}'${at}: payload is ${bytes} bytes of JSON, over the limit of ${maxBytes} (store large documents elsewhere and enqueue a reference)`,
+    );
+  }
+  return json;
+}
+
+export function describe(value: unknown): string {
+  if (typeof value === 'string') return `'${value.length > 60 ? `${value.slice(0, 60)}…` : value}'`;
+  if (typeof value === 'bigint') return `${value}n`;
+  if (value === null || typeof value !== 'object') return String(value);
+  return Array.isArray(value) ? 'an array' : 'an object';
+}

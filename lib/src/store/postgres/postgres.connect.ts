@@ -1,0 +1,53 @@
+import type { PGlite } from '@electric-sql/pglite';
+import pg from 'pg';
+import { SqlQueueConfigError } from '../../core/errors.js';
+import { NodePgDriver, PGliteDriver, type PgDriver } from './postgres.driver.js';
+import { PostgresQueueStore } from './postgres.store.js';
+
+export type PostgresConnection =
+  /** A connection string; the store opens and closes its own pool. */
+  | { url: string; poolSize?: number; applicationName?: string }
+  /** The application's pool: shared, never closed by the store. */
+  | { pool: pg.Pool }
+  /** Embedded PostgreSQL (for zero-setup apps and tests); closed by the store only if `ownsDb`. */
+  | { pglite: PGlite; ownsDb?: boolean };
+
+export interface PostgresStoreOptions {
+  schema: string;
+  onBackgroundError?: (error: Error) => void;
+}
+
+export function createPostgresStore(connection: PostgresConnection, options: PostgresStoreOptions): PostgresQueueStore {
+  return new PostgresQueueStore(
+    createPgDriver(connection, options.onBackgroundError ?? (() => undefined)),
+    options.schema,
+  );
+}
+
+function createPgDriver(connection: PostgresConnection, onBackgroundError: (error: Error) => void): PgDriver {
+  if ('pglite' in connection) return new PGliteDriver(connection.pglite, connection.ownsDb ?? false);
+  if ('pool' in connection) {
+    if (
+      !(connection.pool instanceof pg.Pool) &&
+      typeof (connection.pool as { connect?: unknown }).connect !== 'function'
+    ) {
+      throw new SqlQueueConfigError('connection.pool must be a pg.Pool');
+    }
+    return new NodePgDriver(connection.pool, false, onBackgroundError);
+  }
+  if (typeof connection.url !== 'string' || !/^postgres(ql)?:\/\//.test(connection.url)) {
+    throw new SqlQueueConfigError(
+      "connection.url must be a PostgreSQL URL ('postgres://user:password@host:5432/database')",
+    );
+  }
+  const pool = new pg.Pool({
+    connectionString: connection.url,
+    max: connection.poolSize ?? 10,
+    application_name: connection.applicationName ?? 'nestjs-sql-queue',
+    connectionTimeoutMillis: 10_000,
+  });
+  // An idle client that loses its connection emits 'error' on the pool; without a listener
+  // Node would crash the process. The next query simply opens a new connection.
+  pool.on('error', onBackgroundError);
+  return new NodePgDriver(pool, true, onBackgroundError);
+}

@@ -1,0 +1,115 @@
+import { quotePgIdentifier } from './postgres.driver.js';
+
+export interface PgMigration {
+  version: number;
+  description: string;
+  statements: (schema: string) => string[];
+}
+
+/**
+ * Append-only: a released migration is never edited; changes come as a new version.
+ *
+ * Index design: every hot path reads a partial index whose predicate names a live state, so
+ * finished history (done rows, millions of them) never sits in the claim, reaper or stats path.
+ */
+export const PG_MIGRATIONS: readonly PgMigration[] = [
+  {
+    version: 1,
+    description: 'jobs, attempts and their indexes',
+    statements: (schema) => {
+      const s = quotePgIdentifier(schema);
+      return [
+        `CREATE SEQUENCE ${s}.jobs_id_seq AS bigint`,
+        `CREATE TABLE ${s}.jobs (
+  id bigint NOT NULL DEFAULT nextval('${s}.jobs_id_seq'),
+  queue varchar(128) NOT NULL,
+  state varchar(8) NOT NULL,
+  payload jsonb NOT NULL,
+  priority integer NOT NULL DEFAULT 0,
+  run_at timestamptz NOT NULL,
+  group_key varchar(255) NULL,
+  idempotency_key varchar(255) NULL,
+  attempts integer NOT NULL DEFAULT 0,
+  max_attempts integer NOT NULL,
+  claim_token uuid NULL,
+  lease_until timestamptz NULL,
+  worker_id varchar(255) NULL,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  claimed_at timestamptz NULL,
+  finished_at timestamptz NULL,
+  last_error text NULL,
+  CONSTRAINT jobs_pk PRIMARY KEY (id),
+  CONSTRAINT jobs_state_ck CHECK (state IN ('ready', 'leased', 'done', 'dead')),
+  CONSTRAINT jobs_attempts_ck CHECK (attempts >= 0 AND max_attempts >= 1)
+)`,
+        `ALTER SEQUENCE ${s}.jobs_id_seq OWNED BY ${s}.jobs.id`,
+        // The claim reads this index in its ORDER BY order and stops after LIMIT rows.
+        `CREATE INDEX jobs_claim_ix ON ${s}.jobs (queue, priority DESC, run_at, id) WHERE state = 'ready'`,
+        // Reaper and lease stats: leased rows are few (bounded by running handlers).
+        `CREATE INDEX jobs_leased_ix ON ${s}.jobs (queue, lease_until) WHERE state = 'leased'`,
+        `CREATE INDEX jobs_dead_ix ON ${s}.jobs (queue, id) WHERE state = 'dead'`,
+        // Retention cleanup deletes the oldest finished rows first.
+        `CREATE INDEX jobs_done_ix ON ${s}.jobs (finished_at) WHERE state = 'done'`,
+        `CREATE UNIQUE INDEX jobs_idempotency_ux ON ${s}.jobs (queue, idempotency_key) WHERE idempotency_key IS NOT NULL`,
+        `CREATE TABLE ${s}.attempts (
+  id bigint GENERATED ALWAYS AS IDENTITY,
+  job_id bigint NOT NULL,
+  queue varchar(128) NOT NULL,
+  attempt integer NOT NULL,
+  outcome varchar(16) NOT NULL,
+  error text NULL,
+  stack text NULL,
+  worker_id varchar(255) NULL,
+  claim_token uuid NULL,
+  started_at timestamptz NULL,
+  finished_at timestamptz NOT NULL DEFAULT now(),
+  CONSTRAINT attempts_pk PRIMARY KEY (id),
+  CONSTRAINT attempts_job_fk FOREIGN KEY (job_id) REFERENCES ${s}.jobs (id) ON DELETE CASCADE,
+  CONSTRAINT attempts_outcome_ck CHECK (outcome IN ('failed', 'lease-expired'))
+)`,
+        `CREATE INDEX attempts_job_ix ON ${s}.attempts (job_id, attempt)`,
+        `CREATE INDEX attempts_recent_ix ON ${s}.attempts (queue, finished_at)`,
+      ];
+    },
+  },
+];
+
+export const PG_LATEST_VERSION = PG_MIGRATIONS[PG_MIGRATIONS.length - 1]!.version;
+
+/** Statements that must exist before the version can be read; safe to repeat. */
+export function pgBootstrap(schema: string): string[] {
+  const s = quotePgIdentifier(schema);
+  return [
+    `CREATE SCHEMA IF NOT EXISTS ${s}`,
+    `CREATE TABLE IF NOT EXISTS ${s}.schema_version (
+  version integer NOT NULL PRIMARY KEY,
+  description text NOT NULL,
+  applied_at timestamptz NOT NULL DEFAULT now()
+)`,
+  ];
+}
+
+/** One advisory-lock key per schema, so installs in different schemas do not wait on each other. */
+export function pgMigrationLockKey(schema: string): string {
+  return `nestjs-sql-queue:migrate:${schema}`;
+}
+
+/** The install/upgrade script a DBA can review and run with psql. */
+export function pgInstallScript(schema: string, fromVersion = 0): string {
+  const s = quotePgIdentifier(schema);
+  const lines = [
+    `-- nestjs-sql-queue schema for PostgreSQL, versions ${fromVersion + 1}..${PG_LATEST_VERSION}, schema ${schema}`,
+    'BEGIN;',
+    `SELECT pg_advisory_xact_lock(hashtext('${pgMigrationLockKey(schema)}'));`,
+    ...pgBootstrap(schema).map((statement) => `${statement};`),
+  ];
+  for (const migration of PG_MIGRATIONS.filter((m) => m.version > fromVersion)) {
+    lines.push(`-- ${migration.version}: ${migration.description}`);
+    lines.push(...migration.statements(schema).map((statement) => `${statement};`));
+    lines.push(
+      `INSERT INTO ${s}.schema_version (version, description) VALUES (${migration.version}, '${migration.description.replace(/'/g, "''")}');`,
+    );
+  }
+  lines.push('COMMIT;');
+  return `${lines.join('\n')}\n`;
+}

@@ -1,0 +1,253 @@
+import { quotePgIdentifier } from './postgres.driver.js';
+
+/**
+ * PostgreSQL statements, one function each. Values are always bound parameters; the only
+ * text spliced in is the schema name, validated at boot and quoted here.
+ *
+ * Batches travel as one jsonb parameter expanded with jsonb_to_recordset: one round trip for
+ * any number of jobs, and the same text for node-postgres and PGlite.
+ *
+ * Times come from the database clock (now()). In autocommit, now() is the statement's time.
+ */
+export interface PgQueries {
+  enqueueOne: string;
+  enqueueMany: string;
+  findByIdempotencyKeys: string;
+  claim: string;
+  heartbeat: string;
+  complete: string;
+  fail: string;
+  release: string;
+  reap: string;
+  hasClaimableWork: string;
+  stats: string;
+  getJob: string;
+  getAttempts: string;
+  listDead: string;
+  retryDead: string;
+  retryAllDead: string;
+  purgeDead: string;
+  cleanup: string;
+  notify: string;
+}
+
+const JOB_COLUMNS = `id::text AS id, queue, state, payload, priority, run_at, group_key, idempotency_key,
+  attempts, max_attempts, claim_token::text AS claim_token, lease_until, worker_id, created_at,
+  claimed_at, finished_at, last_error`;
+
+export function pgQueries(schema: string): PgQueries {
+  const jobs = `${quotePgIdentifier(schema)}.jobs`;
+  const attempts = `${quotePgIdentifier(schema)}.attempts`;
+  const jobIdSeq = `${quotePgIdentifier(schema)}.jobs_id_seq`;
+
+  return {
+    // $1 queue, $2 payload, $3 priority, $4 run_at, $5 delay_ms, $6 group_key, $7 idempotency_key, $8 max_attempts
+    enqueueOne: `INSERT INTO ${jobs} (queue, state, payload, priority, run_at, group_key, idempotency_key, max_attempts)
+VALUES ($1, 'ready', $2::jsonb, $3, COALESCE($4::timestamptz, now() + $5::float8 * interval '1 millisecond'), $6, $7, $8)
+ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id::text AS id`,
+
+    // Ids are drawn before the insert so each input row keeps its id whether or not it was
+    // inserted: results come back in input order without trusting RETURNING's order.
+    enqueueMany: `WITH input AS MATERIALIZED (
+  SELECT i.*, nextval('${jobIdSeq}') AS id
+  FROM jsonb_to_recordset($1::jsonb) AS i(
+    ord integer, queue text, payload jsonb, priority integer, run_at timestamptz,
+    delay_ms float8, group_key text, idempotency_key text, max_attempts integer)
+), inserted AS (
+  INSERT INTO ${jobs} (id, queue, state, payload, priority, run_at, group_key, idempotency_key, max_attempts)
+  SELECT id, queue, 'ready', payload, priority,
+         COALESCE(run_at, now() + delay_ms * interval '1 millisecond'), group_key, idempotency_key, max_attempts
+  FROM input ORDER BY ord
+  ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+  RETURNING id
+)
+SELECT input.ord, input.id::text AS id, (inserted.id IS NOT NULL) AS created
+FROM input LEFT JOIN inserted ON inserted.id = input.id
+ORDER BY input.ord`,
+
+    // $1 jsonb [{queue, key}]
+    findByIdempotencyKeys: `SELECT j.queue, j.idempotency_key, j.id::text AS id
+FROM jsonb_to_recordset($1::jsonb) AS k(queue text, key text)
+JOIN ${jobs} j ON j.queue = k.queue AND j.idempotency_key = k.key`,
+
+    // $1 queue, $2 limit, $3 lease ms, $4 worker id.
+    // MATERIALIZED keeps the planner from merging the candidate scan into the UPDATE, which
+    // could lock and update more rows than LIMIT allows. SKIP LOCKED lets concurrent claimers
+    // pass each other instead of queueing on the same rows.
+    claim: `WITH candidates AS MATERIALIZED (
+  SELECT id FROM ${jobs}
+  WHERE queue = $1 AND state = 'ready' AND run_at <= now()
+  ORDER BY priority DESC, run_at, id
+  LIMIT $2
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE ${jobs} AS j
+SET state = 'leased', claim_token = gen_random_uuid(), attempts = j.attempts + 1,
+    lease_until = now() + $3::float8 * interval '1 millisecond', claimed_at = now(), worker_id = $4
+FROM candidates c
+WHERE j.id = c.id
+RETURNING j.id::text AS id, j.queue, j.payload, j.priority, j.group_key, j.idempotency_key, j.attempts,
+          j.max_attempts, j.claim_token::text AS claim_token, j.created_at, j.claimed_at, j.lease_until`,
+
+    // $1 jsonb [{id, token, lease_ms, max_ms}]; the lease never runs past claimed_at + max_ms.
+    heartbeat: `WITH input AS (
+  SELECT * FROM jsonb_to_recordset($1::jsonb) AS i(id bigint, token uuid, lease_ms float8, max_ms float8)
+), extended AS (
+  UPDATE ${jobs} AS j
+  SET lease_until = CASE
+    WHEN i.max_ms IS NULL THEN now() + i.lease_ms * interval '1 millisecond'
+    ELSE LEAST(now() + i.lease_ms * interval '1 millisecond', j.claimed_at + i.max_ms * interval '1 millisecond')
+  END
+  FROM input i
+  WHERE j.id = i.id AND j.claim_token = i.token AND j.state = 'leased'
+  RETURNING j.id, j.lease_until
+)
+SELECT input.id::text AS id, extended.lease_until
+FROM input LEFT JOIN extended ON extended.id = input.id`,
+
+    // $1 jsonb [{id, token}]. The token stays on the done row, so a retried completion whose
+    // first reply was lost is recognised ('already') instead of reported as lost.
+    complete: `WITH input AS (
+  SELECT * FROM jsonb_to_recordset($1::jsonb) AS i(id bigint, token uuid)
+), completed AS (
+  UPDATE ${jobs} AS j
+  SET state = 'done', finished_at = now(), lease_until = NULL
+  FROM input i
+  WHERE j.id = i.id AND j.claim_token = i.token AND j.state = 'leased'
+  RETURNING j.id
+)
+SELECT input.id::text AS id,
+  CASE WHEN completed.id IS NOT NULL THEN 'ok'
+       WHEN EXISTS (SELECT 1 FROM ${jobs} d WHERE d.id = input.id AND d.claim_token = input.token AND d.state = 'done') THEN 'already'
+       ELSE 'lost' END AS outcome
+FROM input LEFT JOIN completed ON completed.id = input.id`,
+
+    // $1 jsonb [{id, token, error, stack, delay_ms, dead, worker}]
+    fail: `WITH input AS (
+  SELECT * FROM jsonb_to_recordset($1::jsonb)
+    AS i(id bigint, token uuid, error text, stack text, delay_ms float8, dead boolean, worker text)
+), failed AS (
+  UPDATE ${jobs} AS j
+  SET state = CASE WHEN i.dead OR j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END,
+      run_at = CASE WHEN i.dead OR j.attempts >= j.max_attempts THEN j.run_at
+                    ELSE now() + i.delay_ms * interval '1 millisecond' END,
+      finished_at = CASE WHEN i.dead OR j.attempts >= j.max_attempts THEN now() END,
+      claim_token = NULL, lease_until = NULL, last_error = i.error
+  FROM input i
+  WHERE j.id = i.id AND j.claim_token = i.token AND j.state = 'leased'
+  RETURNING j.id, j.queue, j.state, j.attempts, j.claimed_at, i.token, i.error, i.stack, i.worker
+), history AS (
+  INSERT INTO ${attempts} (job_id, queue, attempt, outcome, error, stack, worker_id, claim_token, started_at, finished_at)
+  SELECT id, queue, attempts, 'failed', error, stack, worker, token, claimed_at, now() FROM failed
+)
+SELECT input.id::text AS id, failed.state,
+  CASE WHEN failed.id IS NOT NULL THEN 'ok'
+       WHEN EXISTS (SELECT 1 FROM ${attempts} a WHERE a.job_id = input.id AND a.claim_token = input.token AND a.outcome = 'failed') THEN 'already'
+       ELSE 'lost' END AS outcome
+FROM input LEFT JOIN failed ON failed.id = input.id`,
+
+    // $1 jsonb [{id, token}]: leased but never started; the claim's attempt is given back.
+    release: `WITH input AS (
+  SELECT * FROM jsonb_to_recordset($1::jsonb) AS i(id bigint, token uuid)
+), released AS (
+  UPDATE ${jobs} AS j
+  SET state = 'ready', attempts = GREATEST(j.attempts - 1, 0), claim_token = NULL, lease_until = NULL,
+      claimed_at = NULL, worker_id = NULL
+  FROM input i
+  WHERE j.id = i.id AND j.claim_token = i.token AND j.state = 'leased'
+  RETURNING j.id
+)
+SELECT input.id::text AS id, CASE WHEN released.id IS NOT NULL THEN 'ok' ELSE 'lost' END AS outcome
+FROM input LEFT JOIN released ON released.id = input.id`,
+
+    // $1 batch size. One conditional statement: lock expired leases (skipping rows another
+    // reaper holds), re-check under the lock, void the token, record the lost attempt.
+    // run_at stays as it was: the job keeps its place, and its waiting age keeps counting.
+    reap: `WITH expired AS MATERIALIZED (
+  SELECT id, claim_token, worker_id, claimed_at, lease_until FROM ${jobs}
+  WHERE state = 'leased' AND lease_until < now()
+  ORDER BY lease_until
+  LIMIT $1
+  FOR UPDATE SKIP LOCKED
+), reaped AS (
+  UPDATE ${jobs} AS j
+  SET state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END,
+      finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
+      claim_token = NULL, lease_until = NULL,
+      last_error = 'lease expired at ' || to_char(e.lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                   || ' (worker ' || COALESCE(e.worker_id, 'unknown') || ')'
+  FROM expired e
+  WHERE j.id = e.id AND j.state = 'leased' AND j.claim_token = e.claim_token AND j.lease_until < now()
+  RETURNING j.id, j.queue, j.state, j.attempts, j.last_error, e.claim_token, e.worker_id, e.claimed_at
+), history AS (
+  INSERT INTO ${attempts} (job_id, queue, attempt, outcome, error, stack, worker_id, claim_token, started_at, finished_at)
+  SELECT id, queue, attempts, 'lease-expired', last_error, NULL, worker_id, claim_token, claimed_at, now() FROM reaped
+)
+SELECT id::text AS id, queue, state, attempts FROM reaped`,
+
+    hasClaimableWork: `SELECT EXISTS (
+  SELECT 1 FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND run_at <= now()
+) AS has_work`,
+
+    // Each figure reads one partial index, so the cost follows live rows, not history.
+    stats: `SELECT
+  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND run_at <= now()) AS ready,
+  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND run_at > now()) AS delayed,
+  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'leased') AS leased,
+  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'leased' AND lease_until < now()) AS expired_leases,
+  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'dead') AS dead,
+  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND attempts > 0) AS retrying,
+  (SELECT floor(extract(epoch FROM now() - min(run_at)) * 1000)::float8 FROM ${jobs}
+     WHERE queue = $1 AND state = 'ready' AND run_at <= now()) AS oldest_ready_age_ms`,
+
+    getJob: `SELECT ${JOB_COLUMNS} FROM ${jobs} WHERE id = $1`,
+
+    getAttempts: `SELECT attempt, outcome, error, stack, worker_id, started_at, finished_at
+FROM ${attempts} WHERE job_id = $1
+UNION ALL
+SELECT attempts, 'completed', NULL, NULL, worker_id, claimed_at, finished_at
+FROM ${jobs} WHERE id = $1 AND state = 'done'
+ORDER BY finished_at, attempt`,
+
+    // $1 queue, $2 after id (or null), $3 limit
+    listDead: `SELECT ${JOB_COLUMNS} FROM ${jobs}
+WHERE queue = $1 AND state = 'dead' AND ($2::bigint IS NULL OR id > $2::bigint)
+ORDER BY id
+LIMIT $3`,
+
+    // $1 queue, $2 jsonb array of ids
+    retryDead: `UPDATE ${jobs}
+SET state = 'ready', attempts = 0, run_at = now(), finished_at = NULL, claim_token = NULL
+WHERE queue = $1 AND state = 'dead' AND id IN (SELECT value::bigint FROM jsonb_array_elements_text($2::jsonb))
+RETURNING id::text AS id`,
+
+    retryAllDead: `UPDATE ${jobs}
+SET state = 'ready', attempts = 0, run_at = now(), finished_at = NULL, claim_token = NULL
+WHERE queue = $1 AND state = 'dead'
+RETURNING id::text AS id`,
+
+    // $1 queue, $2 older-than ms (0 for all), $3 batch size
+    purgeDead: `DELETE FROM ${jobs} WHERE id IN (
+  SELECT id FROM ${jobs}
+  WHERE queue = $1 AND state = 'dead' AND finished_at <= now() - $2::float8 * interval '1 millisecond'
+  ORDER BY id LIMIT $3
+)`,
+
+    // $1 done retention ms, $2 idempotency retention ms, $3 dead retention ms (null: keep), $4 batch
+    cleanup: `DELETE FROM ${jobs} WHERE id IN (
+  (SELECT id FROM ${jobs}
+   WHERE state = 'done' AND finished_at < now() - $1::float8 * interval '1 millisecond'
+     AND (idempotency_key IS NULL
+          OR finished_at < now() - GREATEST($1::float8, $2::float8) * interval '1 millisecond')
+   ORDER BY finished_at LIMIT $4)
+  UNION ALL
+  (SELECT id FROM ${jobs}
+   WHERE $3::float8 IS NOT NULL AND state = 'dead'
+     AND finished_at < now() - GREATEST($3::float8, $2::float8) * interval '1 millisecond'
+   ORDER BY id LIMIT $4)
+)`,
+
+    notify: `SELECT pg_notify($1, $2)`,
+  };
+}

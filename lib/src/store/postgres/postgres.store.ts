@@ -1,0 +1,402 @@
+import { SqlQueueSchemaError } from '../../core/errors.js';
+import type { MigrationMode, QueueStore, SchemaStatus } from '../../core/queue-store.js';
+import type {
+  AttemptRecord,
+  CleanupRequest,
+  ClaimedJob,
+  ClaimRequest,
+  CompleteResult,
+  DeadJobPage,
+  EnqueueResult,
+  FailItem,
+  FailResult,
+  HeartbeatItem,
+  HeartbeatResult,
+  JobId,
+  JobRecord,
+  JobState,
+  NewJob,
+  OwnedJob,
+  OwnershipOutcome,
+  QueueStats,
+  ReapedJob,
+} from '../../core/types.js';
+import { assertSchemaName } from '../../core/validation.js';
+import { withTimeout } from '../store.util.js';
+import { asCallerTransaction, type PgDriver, type PgQueryable } from './postgres.driver.js';
+import { isTransientPgError } from './postgres.errors.js';
+import { PG_LATEST_VERSION, PG_MIGRATIONS, pgBootstrap, pgMigrationLockKey } from './postgres.migrations.js';
+import { pgQueries, type PgQueries } from './postgres.queries.js';
+
+const PURGE_BATCH = 5_000;
+const IDEMPOTENT_ENQUEUE_ROUNDS = 3;
+
+type Row = Record<string, unknown>;
+
+export class PostgresQueueStore implements QueueStore {
+  readonly dialect = 'postgres';
+  private readonly sql: PgQueries;
+  /** Prepared-statement names are per schema, since the statement text embeds the schema. */
+  private readonly prepared: (name: keyof PgQueries) => string;
+
+  constructor(
+    private readonly driver: PgDriver,
+    readonly schema: string,
+  ) {
+    assertSchemaName(schema);
+    this.sql = pgQueries(schema);
+    this.prepared = (name) => `sqlqueue_${schema}_${name}`;
+  }
+
+  /** Wake-up channel: one per schema, payload = queue name. */
+  get channel(): string {
+    return `${this.schema}_wake`;
+  }
+
+  async migrate(mode: MigrationMode): Promise<SchemaStatus> {
+    if (mode === 'off') return { current: -1, latest: PG_LATEST_VERSION };
+    if (mode === 'check') {
+      const current = await this.readVersion(this.driver);
+      this.assertVersion(current, 'check');
+      return { current, latest: PG_LATEST_VERSION };
+    }
+    return this.driver.transaction(async (client) => {
+      // Transaction-scoped: released by COMMIT or ROLLBACK even if this process dies.
+      await client.query('SELECT pg_advisory_xact_lock(hashtext($1))', [pgMigrationLockKey(this.schema)]);
+      for (const statement of pgBootstrap(this.schema)) await client.query(statement);
+      const current = await this.readVersion(client);
+      this.assertVersion(current, 'auto');
+      for (const migration of PG_MIGRATIONS.filter((m) => m.version > current)) {
+        for (const statement of migration.statements(this.schema)) await client.query(statement);
+        await client.query(`INSERT INTO ${this.versionTable()} (version, description) VALUES ($1, $2)`, [
+          migration.version,
+          migration.description,
+        ]);
+      }
+      return { current: PG_LATEST_VERSION, latest: PG_LATEST_VERSION };
+    });
+  }
+
+  private versionTable(): string {
+    return `"${this.schema}".schema_version`;
+  }
+
+  private async readVersion(client: PgQueryable): Promise<number> {
+    const exists = await client.query<{ present: boolean }>('SELECT to_regclass($1) IS NOT NULL AS present', [
+      `"${this.schema}".schema_version`,
+    ]);
+    if (!exists.rows[0]?.present) return 0;
+    const result = await client.query<{ version: number | null }>(
+      `SELECT max(version) AS version FROM ${this.versionTable()}`,
+    );
+    return Number(result.rows[0]?.version ?? 0);
+  }
+
+  private assertVersion(current: number, mode: 'auto' | 'check'): void {
+    if (current > PG_LATEST_VERSION) {
+      throw new SqlQueueSchemaError(
+        `schema "${this.schema}" is at version ${current}, newer than this nestjs-sql-queue (knows up to ${PG_LATEST_VERSION}): upgrade the package before running it against this database`,
+      );
+    }
+    if (mode === 'check' && current < PG_LATEST_VERSION) {
+      throw new SqlQueueSchemaError(
+        `schema "${this.schema}" is at version ${current}, this nestjs-sql-queue needs ${PG_LATEST_VERSION}: set migrations: 'auto', or apply the script from \`npx nestjs-sql-queue sql --dialect postgres --schema ${this.schema} --from ${current}\``,
+      );
+    }
+  }
+
+  async enqueue(jobs: readonly NewJob[], transaction?: unknown): Promise<EnqueueResult[]> {
+    if (jobs.length === 0) return [];
+    const client = transaction === undefined ? null : asCallerTransaction(transaction);
+    if (jobs.length === 1) return [await this.enqueueOne(jobs[0]!, client)];
+
+    const results: (EnqueueResult | undefined)[] = new Array(jobs.length);
+    let pending = jobs.map((job, ord) => ({ job, ord }));
+    for (let round = 0; pending.length > 0 && round < IDEMPOTENT_ENQUEUE_ROUNDS; round++) {
+      const rows = await this.run<{ ord: number; id: string; created: boolean }>(client, 'enqueueMany', [
+        `[${pending.map(({ job }, ord) => toInputRow(job, ord)).join(',')}]`,
+      ]);
+      const conflicts: { job: NewJob; ord: number }[] = [];
+      for (const row of rows) {
+        const item = pending[row.ord]!;
+        if (row.created) results[item.ord] = { jobId: row.id, created: true };
+        else conflicts.push(item);
+      }
+      pending = await this.resolveExisting(conflicts, results, client);
+    }
+    if (pending.length > 0) throw new Error('idempotent enqueue did not settle: keys kept being deleted');
+    return results as EnqueueResult[];
+  }
+
+  private async enqueueOne(job: NewJob, client: PgQueryable | null): Promise<EnqueueResult> {
+    for (let round = 0; round < IDEMPOTENT_ENQUEUE_ROUNDS; round++) {
+      const rows = await this.run<{ id: string }>(client, 'enqueueOne', [
+        job.queue,
+        job.payload,
+        job.priority,
+        job.runAt,
+        job.delayMs,
+        job.groupKey,
+        job.idempotencyKey,
+        job.maxAttempts,
+      ]);
+      if (rows[0]) return { jobId: rows[0].id, created: true };
+      const results: (EnqueueResult | undefined)[] = [undefined];
+      await this.resolveExisting([{ job, ord: 0 }], results, client);
+      if (results[0]) return results[0];
+    }
+    throw new Error('idempotent enqueue did not settle: the key kept being deleted');
+  }
+
+  /**
+   * Conflicting keys name a job that committed before ours (ON CONFLICT waited for it), so a
+   * new statement sees it. If it was deleted meanwhile, the caller inserts again.
+   */
+  private async resolveExisting(
+    conflicts: { job: NewJob; ord: number }[],
+    results: (EnqueueResult | undefined)[],
+    client: PgQueryable | null,
+  ): Promise<{ job: NewJob; ord: number }[]> {
+    if (conflicts.length === 0) return [];
+    const rows = await this.run<{ queue: string; idempotency_key: string; id: string }>(
+      client,
+      'findByIdempotencyKeys',
+      [JSON.stringify(conflicts.map(({ job }) => ({ queue: job.queue, key: job.idempotencyKey })))],
+    );
+    const found = new Map(rows.map((row) => [`${row.queue}\u0000${row.idempotency_key}`, row.id]));
+    const missing: { job: NewJob; ord: number }[] = [];
+    for (const item of conflicts) {
+      const id = found.get(`${item.job.queue}\u0000${item.job.idempotencyKey}`);
+      if (id === undefined) missing.push(item);
+      else results[item.ord] = { jobId: id, created: false };
+    }
+    return missing;
+  }
+
+  async claim(request: ClaimRequest): Promise<ClaimedJob[]> {
+    const rows = await this.run<Row>(null, 'claim', [request.queue, request.limit, request.leaseMs, request.workerId]);
+    return rows.map((row) => ({
+      id: row.id as string,
+      queue: row.queue as string,
+      payload: row.payload,
+      priority: Number(row.priority),
+      groupKey: (row.group_key as string | null) ?? null,
+      idempotencyKey: (row.idempotency_key as string | null) ?? null,
+      attempt: Number(row.attempts),
+      maxAttempts: Number(row.max_attempts),
+      claimToken: row.claim_token as string,
+      enqueuedAt: row.created_at as Date,
+      claimedAt: row.claimed_at as Date,
+      leaseUntil: row.lease_until as Date,
+    }));
+  }
+
+  async heartbeat(items: readonly HeartbeatItem[]): Promise<HeartbeatResult[]> {
+    if (items.length === 0) return [];
+    const rows = await this.run<{ id: string; lease_until: Date | null }>(null, 'heartbeat', [
+      JSON.stringify(
+        items.map((item) => ({
+          id: item.id,
+          token: item.claimToken,
+          lease_ms: item.leaseMs,
+          max_ms: item.maxDurationMs,
+        })),
+      ),
+    ]);
+    return rows.map((row) => ({
+      id: row.id,
+      outcome: row.lease_until ? 'ok' : 'lost',
+      leaseUntil: row.lease_until ?? null,
+    }));
+  }
+
+  async complete(items: readonly OwnedJob[]): Promise<CompleteResult[]> {
+    if (items.length === 0) return [];
+    const rows = await this.run<{ id: string; outcome: OwnershipOutcome }>(null, 'complete', [ownedJson(items)]);
+    return rows.map((row) => ({ id: row.id, outcome: row.outcome }));
+  }
+
+  async fail(items: readonly FailItem[]): Promise<FailResult[]> {
+    if (items.length === 0) return [];
+    const rows = await this.run<{ id: string; outcome: OwnershipOutcome; state: 'ready' | 'dead' | null }>(
+      null,
+      'fail',
+      [
+        JSON.stringify(
+          items.map((item) => ({
+            id: item.id,
+            token: item.claimToken,
+            error: item.error,
+            stack: item.stack,
+            delay_ms: item.retryDelayMs,
+            dead: item.dead,
+            worker: item.workerId,
+          })),
+        ),
+      ],
+    );
+    return rows.map((row) => ({ id: row.id, outcome: row.outcome, state: row.state ?? null }));
+  }
+
+  async release(items: readonly OwnedJob[]): Promise<CompleteResult[]> {
+    if (items.length === 0) return [];
+    const rows = await this.run<{ id: string; outcome: OwnershipOutcome }>(null, 'release', [ownedJson(items)]);
+    return rows.map((row) => ({ id: row.id, outcome: row.outcome }));
+  }
+
+  async reap(batchSize: number): Promise<ReapedJob[]> {
+    const rows = await this.run<{ id: string; queue: string; state: 'ready' | 'dead'; attempts: number }>(
+      null,
+      'reap',
+      [batchSize],
+    );
+    return rows.map((row) => ({ id: row.id, queue: row.queue, state: row.state, attempt: Number(row.attempts) }));
+  }
+
+  async hasClaimableWork(queue: string): Promise<boolean> {
+    const rows = await this.run<{ has_work: boolean }>(null, 'hasClaimableWork', [queue]);
+    return rows[0]?.has_work === true;
+  }
+
+  async stats(queue: string): Promise<QueueStats> {
+    const rows = await this.run<Record<string, number | null>>(null, 'stats', [queue]);
+    const row = rows[0]!;
+    return {
+      queue,
+      ready: Number(row.ready),
+      delayed: Number(row.delayed),
+      leased: Number(row.leased),
+      expiredLeases: Number(row.expired_leases),
+      dead: Number(row.dead),
+      retrying: Number(row.retrying),
+      oldestReadyAgeMs: Math.max(0, Number(row.oldest_ready_age_ms ?? 0)),
+    };
+  }
+
+  async getJob(id: JobId): Promise<JobRecord | null> {
+    const rows = await this.driver.query<Row>(this.sql.getJob, [id]);
+    return rows.rows[0] ? toJobRecord(rows.rows[0]) : null;
+  }
+
+  async getAttempts(id: JobId): Promise<AttemptRecord[]> {
+    const rows = await this.driver.query<Row>(this.sql.getAttempts, [id]);
+    return rows.rows.map((row) => ({
+      attempt: Number(row.attempt),
+      outcome: row.outcome as AttemptRecord['outcome'],
+      error: (row.error as string | null) ?? null,
+      stack: (row.stack as string | null) ?? null,
+      workerId: (row.worker_id as string | null) ?? null,
+      startedAt: (row.started_at as Date | null) ?? null,
+      finishedAt: row.finished_at as Date,
+    }));
+  }
+
+  async listDead(queue: string, page: { limit: number; afterId?: JobId | null }): Promise<DeadJobPage> {
+    const rows = await this.driver.query<Row>(this.sql.listDead, [queue, page.afterId ?? null, page.limit]);
+    const jobs = rows.rows.map(toJobRecord);
+    return { jobs, nextAfterId: jobs.length === page.limit ? jobs[jobs.length - 1]!.id : null };
+  }
+
+  async retryDead(queue: string, ids: readonly JobId[] | 'all'): Promise<JobId[]> {
+    const rows =
+      ids === 'all'
+        ? await this.driver.query<{ id: string }>(this.sql.retryAllDead, [queue])
+        : await this.driver.query<{ id: string }>(this.sql.retryDead, [queue, JSON.stringify(ids)]);
+    return rows.rows.map((row) => row.id);
+  }
+
+  async purgeDead(queue: string, options?: { olderThanMs?: number }): Promise<number> {
+    let total = 0;
+    for (;;) {
+      const deleted = await this.countDeleted(this.sql.purgeDead, [queue, options?.olderThanMs ?? 0, PURGE_BATCH]);
+      total += deleted;
+      if (deleted < PURGE_BATCH) return total;
+    }
+  }
+
+  async cleanup(request: CleanupRequest): Promise<number> {
+    return this.countDeleted(this.sql.cleanup, [
+      request.doneRetentionMs,
+      request.idempotencyRetentionMs,
+      request.deadRetentionMs,
+      request.batchSize,
+    ]);
+  }
+
+  private async countDeleted(text: string, params: unknown[]): Promise<number> {
+    const result = (await this.driver.query(text, params)) as { rowCount?: number | null; affectedRows?: number };
+    return Number(result.rowCount ?? result.affectedRows ?? 0);
+  }
+
+  async ping(timeoutMs: number): Promise<void> {
+    await withTimeout(this.driver.query('SELECT 1'), timeoutMs, 'database ping');
+  }
+
+  async notify(queue: string): Promise<void> {
+    await this.driver.queryPrepared(this.prepared('notify'), this.sql.notify, [this.channel, queue]);
+  }
+
+  listen(onWake: (queue: string) => void): Promise<() => Promise<void>> {
+    return this.driver.listen(this.channel, onWake);
+  }
+
+  isTransientError(error: unknown): boolean {
+    return isTransientPgError(error);
+  }
+
+  close(): Promise<void> {
+    return this.driver.close();
+  }
+
+  /** Hot statements run prepared on the store's pool; on a caller's client they run plain. */
+  private async run<R>(client: PgQueryable | null, name: keyof PgQueries, params: unknown[]): Promise<R[]> {
+    const result = client
+      ? await client.query<R>(this.sql[name], params)
+      : await this.driver.queryPrepared<R>(this.prepared(name), this.sql[name], params);
+    return result.rows;
+  }
+}
+
+/**
+ * The payload is already JSON text: it is spliced in as a nested value rather than parsed and
+ * serialized again, which matters for bulk enqueues of thousands of jobs.
+ */
+function toInputRow(job: NewJob, ord: number): string {
+  const rest = JSON.stringify({
+    ord,
+    queue: job.queue,
+    priority: job.priority,
+    run_at: job.runAt?.toISOString() ?? null,
+    delay_ms: job.delayMs,
+    group_key: job.groupKey,
+    idempotency_key: job.idempotencyKey,
+    max_attempts: job.maxAttempts,
+  });
+  return `{"payload":${job.payload},${rest.slice(1)}`;
+}
+
+function ownedJson(items: readonly OwnedJob[]): string {
+  return JSON.stringify(items.map((item) => ({ id: item.id, token: item.claimToken })));
+}
+
+function toJobRecord(row: Row): JobRecord {
+  return {
+    id: row.id as string,
+    queue: row.queue as string,
+    state: row.state as JobState,
+    payload: row.payload,
+    priority: Number(row.priority),
+    runAt: row.run_at as Date,
+    groupKey: (row.group_key as string | null) ?? null,
+    idempotencyKey: (row.idempotency_key as string | null) ?? null,
+    attempts: Number(row.attempts),
+    maxAttempts: Number(row.max_attempts),
+    claimToken: (row.claim_token as string | null) ?? null,
+    leaseUntil: (row.lease_until as Date | null) ?? null,
+    workerId: (row.worker_id as string | null) ?? null,
+    createdAt: row.created_at as Date,
+    claimedAt: (row.claimed_at as Date | null) ?? null,
+    finishedAt: (row.finished_at as Date | null) ?? null,
+    lastError: (row.last_error as string | null) ?? null,
+  };
+}

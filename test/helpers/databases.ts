@@ -1,0 +1,23 @@
+import { randomBytes } from 'node:crypto';
+import pg from 'pg';
+
+/** The local PostgreSQL every CI run has; override with SQLQUEUE_PG_URL. */
+export const PG_URL = process.env.SQLQUEUE_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
+
+/** A SQL Server to run the same contract against; absent on our CI machines. */
+export const MSSQL_URL = process.env.SQLQUEUE_MSSQL_URL ?? '';
+
+/** Each test file works in its own schema, so files can run in parallel against one database. */
+export function uniqueSchema(prefix: string): string {
+  return `t_${prefix}_${randomBytes(4).toString('hex')}`;
+}
+
+export async function dropPgSchema(schema: string, url = PG_URL): Promise<void> {
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  try {
+    await client.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+  } finally {
+    await client.end();
+  }
+}

@@ -1,0 +1,748 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { SqlQueueConfigError, SqlQueueSchemaError, SqlQueueValidationError } from '../../lib/src/core/errors.js';
+import type { QueueStore } from '../../lib/src/core/queue-store.js';
+import type { ClaimedJob, EnqueueOptions, NewJob } from '../../lib/src/core/types.js';
+import { prepareJob } from '../../lib/src/core/validation.js';
+import { uniqueSchema } from '../helpers/databases.js';
+import { waitFor } from '../helpers/wait-for.js';
+
+/** A transaction opened the way an application would, to pass to enqueue. */
+export interface CallerTransaction {
+  handle: unknown;
+  commit(): Promise<void>;
+  rollback(): Promise<void>;
+}
+
+/** One database the contract runs against. */
+export interface StoreTarget {
+  name: string;
+  /** A store with its own connections in `schema` (not migrated). */
+  openStore(schema: string, options?: { poolSize?: number }): Promise<QueueStore>;
+  beginTransaction(): Promise<CallerTransaction>;
+  dropSchema(schema: string): Promise<void>;
+  /** Records a newer schema version, as a future release of the library would. */
+  bumpSchemaVersion(schema: string, version: number): Promise<void>;
+  /** False for a single-session embedded database: readers wait for an open transaction. */
+  concurrentSessions: boolean;
+  /** Scale for the heavy cases, so slow targets stay within the test budget. */
+  scale: number;
+}
+
+const LIMITS = { maxPayloadBytes: 1024 * 1024, defaultMaxAttempts: 3 };
+const WORKER = 'contract-worker';
+
+function job(queue: string, payload: unknown, options?: EnqueueOptions): NewJob {
+  return prepareJob(queue, payload, options, LIMITS);
+}
+
+export function describeStoreContract(target: StoreTarget): void {
+  describe(`QueueStore contract: ${target.name}`, () => {
+    const schema = uniqueSchema(target.name.replace(/\W/g, '').toLowerCase());
+    let store: QueueStore;
+    const opened: QueueStore[] = [];
+    let queueSeq = 0;
+    const newQueue = (label: string) => `${label}.${++queueSeq}`;
+
+    async function openExtra(count: number): Promise<QueueStore[]> {
+      const stores = await Promise.all(Array.from({ length: count }, () => target.openStore(schema, { poolSize: 1 })));
+      opened.push(...stores);
+      return stores;
+    }
+
+    async function claimOne(queue: string, leaseMs = 30_000, on: QueueStore = store): Promise<ClaimedJob> {
+      const [claimed] = await on.claim({ queue, limit: 1, leaseMs, workerId: WORKER });
+      expect(claimed, `a job should be claimable in ${queue}`).toBeDefined();
+      return claimed!;
+    }
+
+    /** Leases expire on the database clock; poll the reaper instead of sleeping a guess. */
+    async function reapUntil(queue: string, jobId: string): Promise<void> {
+      await waitFor(
+        async () => {
+          await store.reap(100);
+          return (await store.getJob(jobId))?.state;
+        },
+        (state) => state === 'ready' || state === 'dead',
+        { what: `job ${jobId} in ${queue} to be reaped` },
+      );
+    }
+
+    beforeAll(async () => {
+      store = await target.openStore(schema, { poolSize: 4 });
+      await store.migrate('auto');
+    });
+
+    afterAll(async () => {
+      await Promise.all(opened.map((s) => s.close()));
+      await store?.close();
+      await target.dropSchema(schema);
+    });
+
+    describe('schema and migrations', () => {
+      it('migrates once when ten instances boot at the same time', async () => {
+        const fresh = uniqueSchema('mig');
+        const stores = await Promise.all(Array.from({ length: 10 }, () => target.openStore(fresh, { poolSize: 1 })));
+        try {
+          const statuses = await Promise.all(stores.map((s) => s.migrate('auto')));
+          expect(statuses.every((s) => s.current === s.latest)).toBe(true);
+          await expect(stores[0]!.migrate('check')).resolves.toMatchObject({ current: statuses[0]!.latest });
+          // The schema works after the concurrent install.
+          const [result] = await stores[0]!.enqueue([job('mig.q', { ok: true })]);
+          expect(result!.created).toBe(true);
+        } finally {
+          await Promise.all(stores.map((s) => s.close()));
+          await target.dropSchema(fresh);
+        }
+      });
+
+      it("'check' refuses a schema that is not installed, naming the fix", async () => {
+        const fresh = uniqueSchema('chk');
+        const other = await target.openStore(fresh, { poolSize: 1 });
+        try {
+          await expect(other.migrate('check')).rejects.toThrow(SqlQueueSchemaError);
+          await expect(other.migrate('check')).rejects.toThrow(/version 0.*migrations: 'auto'/);
+        } finally {
+          await other.close();
+          await target.dropSchema(fresh);
+        }
+      });
+
+      it('refuses a database whose schema is newer than the code', async () => {
+        const fresh = uniqueSchema('new');
+        const other = await target.openStore(fresh, { poolSize: 1 });
+        try {
+          const status = await other.migrate('auto');
+          await target.bumpSchemaVersion(fresh, status.latest + 1);
+          await expect(other.migrate('auto')).rejects.toThrow(/newer than this nestjs-sql-queue/);
+          await expect(other.migrate('check')).rejects.toThrow(SqlQueueSchemaError);
+        } finally {
+          await other.close();
+          await target.dropSchema(fresh);
+        }
+      });
+
+      it('rejects schema names that could inject SQL before any SQL runs', async () => {
+        for (const bad of ['x"; DROP TABLE jobs; --', 'a b', "o'hara", '1abc', 'x]; DROP', '']) {
+          await expect(target.openStore(bad)).rejects.toThrow(SqlQueueConfigError);
+        }
+      });
+
+      it('rejects queue names that could inject SQL before any SQL runs', () => {
+        for (const bad of ["q'; DELETE FROM jobs; --", 'a b', '', 'x'.repeat(129), 'q]']) {
+          expect(() => job(bad, {})).toThrow(SqlQueueValidationError);
+        }
+      });
+    });
+
+    describe('enqueue', () => {
+      it('enqueues one job and reads it back with database timestamps', async () => {
+        const queue = newQueue('one');
+        const [result] = await store.enqueue([job(queue, { to: 'a@example.com', n: 1 }, { priority: 3 })]);
+        expect(result).toMatchObject({ created: true });
+        expect(result!.jobId).toMatch(/^\d+$/);
+        const record = await store.getJob(result!.jobId);
+        expect(record).toMatchObject({
+          queue,
+          state: 'ready',
+          payload: { to: 'a@example.com', n: 1 },
+          priority: 3,
+          attempts: 0,
+          maxAttempts: 3,
+          claimToken: null,
+          leaseUntil: null,
+        });
+        expect(record!.createdAt).toBeInstanceOf(Date);
+        expect(record!.runAt.getTime()).toBeGreaterThanOrEqual(record!.createdAt.getTime() - 1);
+      });
+
+      it(`bulk-enqueues ${10_000} jobs in one call, results in input order`, async () => {
+        const queue = newQueue('bulk');
+        const jobs = Array.from({ length: 10_000 }, (_, i) => job(queue, { i }));
+        const results = await store.enqueue(jobs);
+        expect(results).toHaveLength(10_000);
+        expect(results.every((r) => r.created)).toBe(true);
+        expect(new Set(results.map((r) => r.jobId)).size).toBe(10_000);
+        const probe = await store.getJob(results[1234]!.jobId);
+        expect(probe!.payload).toEqual({ i: 1234 });
+        const stats = await store.stats(queue);
+        expect(stats.ready).toBe(10_000);
+      });
+
+      it('returns the existing job for a repeated idempotency key, within and across calls', async () => {
+        const queue = newQueue('idem');
+        const [first] = await store.enqueue([job(queue, { v: 1 }, { idempotencyKey: 'order-1' })]);
+        const [again] = await store.enqueue([job(queue, { v: 2 }, { idempotencyKey: 'order-1' })]);
+        expect(first!.created).toBe(true);
+        expect(again).toEqual({ jobId: first!.jobId, created: false });
+        const bulk = await store.enqueue([
+          job(queue, { v: 3 }, { idempotencyKey: 'order-1' }),
+          job(queue, { v: 4 }, { idempotencyKey: 'order-2' }),
+          job(queue, { v: 5 }, { idempotencyKey: 'order-2' }),
+          job(queue, { v: 6 }),
+        ]);
+        expect(bulk[0]).toEqual({ jobId: first!.jobId, created: false });
+        expect(bulk[1]!.created).toBe(true);
+        expect(bulk[2]).toEqual({ jobId: bulk[1]!.jobId, created: false });
+        expect(bulk[3]!.created).toBe(true);
+        expect((await store.getJob(first!.jobId))!.payload).toEqual({ v: 1 });
+        // The same key in another queue is another job.
+        const [other] = await store.enqueue([job(newQueue('idem-other'), {}, { idempotencyKey: 'order-1' })]);
+        expect(other!.created).toBe(true);
+      });
+
+      it('creates one job when 16 producers on separate connections race with one key', async () => {
+        const queue = newQueue('race');
+        const producers = await openExtra(16);
+        const results = await Promise.all(
+          producers.map((p, i) => p.enqueue([job(queue, { producer: i }, { idempotencyKey: 'same-business-id' })])),
+        );
+        const flat = results.map((r) => r[0]!);
+        expect(flat.filter((r) => r.created)).toHaveLength(1);
+        expect(new Set(flat.map((r) => r.jobId)).size).toBe(1);
+        expect((await store.stats(queue)).ready).toBe(1);
+      });
+
+      it('commits and rolls back with the caller transaction', async () => {
+        const queue = newQueue('tx');
+        const committed = await target.beginTransaction();
+        const [kept] = await store.enqueue([job(queue, { keep: true })], committed.handle);
+        if (target.concurrentSessions) {
+          // Not visible (so not claimable) before the caller commits.
+          expect(await store.getJob(kept!.jobId)).toBeNull();
+        }
+        await committed.commit();
+        expect((await store.getJob(kept!.jobId))!.state).toBe('ready');
+
+        const rolledBack = await target.beginTransaction();
+        const [dropped] = await store.enqueue(
+          [job(queue, { keep: false }), job(queue, { keep: false, n: 2 })].slice(0, 1),
+          rolledBack.handle,
+        );
+        const bulkDropped = await store.enqueue([job(queue, { bulk: 1 }), job(queue, { bulk: 2 })], rolledBack.handle);
+        await rolledBack.rollback();
+        expect(await store.getJob(dropped!.jobId)).toBeNull();
+        expect(await store.getJob(bulkDropped[0]!.jobId)).toBeNull();
+        expect((await store.stats(queue)).ready).toBe(1);
+      });
+
+      it('refuses a transaction handle that is not a transaction', async () => {
+        await expect(store.enqueue([job(newQueue('badtx'), {})], { not: 'a transaction' })).rejects.toThrow(
+          SqlQueueValidationError,
+        );
+      });
+    });
+
+    describe('claim', () => {
+      it(`${8} claimers on separate connections claim each of ${5000} jobs exactly once`, async () => {
+        const queue = newQueue('drain');
+        const total = Math.round(5000 * target.scale);
+        await store.enqueue(Array.from({ length: total }, (_, i) => job(queue, { i })));
+        const claimers = await openExtra(8);
+        const seen: string[] = [];
+        await Promise.all(
+          claimers.map(async (claimer, index) => {
+            for (;;) {
+              const limit = 1 + ((index * 7 + seen.length) % 20);
+              const claimed = await claimer.claim({ queue, limit, leaseMs: 60_000, workerId: `w${index}` });
+              if (claimed.length === 0) {
+                // Empty means "nothing for this attempt", not "no work left": confirm before stopping.
+                if (!(await claimer.hasClaimableWork(queue))) return;
+                continue;
+              }
+              for (const c of claimed) seen.push(c.id);
+              const done = await claimer.complete(claimed.map((c) => ({ id: c.id, claimToken: c.claimToken })));
+              expect(done.every((d) => d.outcome === 'ok')).toBe(true);
+            }
+          }),
+        );
+        expect(seen).toHaveLength(total);
+        expect(new Set(seen).size).toBe(total);
+        const stats = await store.stats(queue);
+        expect(stats).toMatchObject({ ready: 0, leased: 0, dead: 0 });
+      });
+
+      it('gives each claimed job a fresh token, a lease on the database clock and attempt 1', async () => {
+        const queue = newQueue('lease');
+        await store.enqueue([job(queue, { a: 1 }), job(queue, { a: 2 })]);
+        const claimed = await store.claim({ queue, limit: 5, leaseMs: 45_000, workerId: WORKER });
+        expect(claimed).toHaveLength(2);
+        expect(new Set(claimed.map((c) => c.claimToken)).size).toBe(2);
+        for (const c of claimed) {
+          expect(c.attempt).toBe(1);
+          expect(c.claimToken).toMatch(/^[0-9a-f-]{36}$/i);
+          const leaseMs = c.leaseUntil.getTime() - c.claimedAt.getTime();
+          expect(leaseMs).toBeGreaterThanOrEqual(44_990);
+          expect(leaseMs).toBeLessThanOrEqual(45_010);
+          const record = await store.getJob(c.id);
+          expect(record).toMatchObject({ state: 'leased', claimToken: c.claimToken, workerId: WORKER, attempts: 1 });
+        }
+        expect(await store.claim({ queue, limit: 5, leaseMs: 1000, workerId: WORKER })).toEqual([]);
+      });
+
+      it('does not claim a delayed job before its time, and does after', async () => {
+        const queue = newQueue('delay');
+        const [later] = await store.enqueue([job(queue, { when: 'later' }, { delayMs: 60_000 })]);
+        const [future] = await store.enqueue([
+          job(queue, { when: 'future' }, { runAt: new Date(Date.now() + 3_600_000) }),
+        ]);
+        const [soon] = await store.enqueue([job(queue, { when: 'soon' }, { delayMs: 300 })]);
+        expect(await store.claim({ queue, limit: 10, leaseMs: 1000, workerId: WORKER })).toEqual([]);
+        const stats = await store.stats(queue);
+        expect(stats).toMatchObject({ ready: 0, delayed: 3 });
+        const claimed = await waitFor(
+          () => store.claim({ queue, limit: 10, leaseMs: 1000, workerId: WORKER }),
+          (c) => c.length > 0,
+          { what: 'the 300 ms delayed job' },
+        );
+        expect(claimed.map((c) => c.id)).toEqual([soon!.jobId]);
+        const lateRecord = await store.getJob(later!.jobId);
+        expect(lateRecord!.runAt.getTime() - lateRecord!.createdAt.getTime()).toBeGreaterThanOrEqual(59_990);
+        expect((await store.getJob(future!.jobId))!.state).toBe('ready');
+        // A run-at in the past is due at once.
+        const [past] = await store.enqueue([job(queue, {}, { runAt: new Date(Date.now() - 60_000) })]);
+        expect((await claimOne(queue)).id).toBe(past!.jobId);
+      });
+
+      it('claims higher priority first, then older run-at', async () => {
+        const queue = newQueue('prio');
+        const results = await store.enqueue([
+          job(queue, { name: 'low' }, { priority: -5 }),
+          job(queue, { name: 'normal-1' }),
+          job(queue, { name: 'high' }, { priority: 10 }),
+          job(queue, { name: 'normal-2' }),
+        ]);
+        expect(results).toHaveLength(4);
+        const order: unknown[] = [];
+        for (let i = 0; i < 4; i++) order.push(((await claimOne(queue)).payload as { name: string }).name);
+        expect(order).toEqual(['high', 'normal-1', 'normal-2', 'low']);
+      });
+
+      it('claims only from the named queue', async () => {
+        const a = newQueue('iso-a');
+        const b = newQueue('iso-b');
+        await store.enqueue([job(a, { q: 'a' })]);
+        expect(await store.claim({ queue: b, limit: 10, leaseMs: 1000, workerId: WORKER })).toEqual([]);
+        expect((await claimOne(a)).payload).toEqual({ q: 'a' });
+      });
+    });
+
+    describe('ownership: complete, fail, heartbeat, release', () => {
+      it('completes with the current token; a repeat with the same token is "already", not lost', async () => {
+        const queue = newQueue('done');
+        await store.enqueue([job(queue, {})]);
+        const claimed = await claimOne(queue);
+        const owned = { id: claimed.id, claimToken: claimed.claimToken };
+        expect(await store.complete([owned])).toEqual([{ id: claimed.id, outcome: 'ok' }]);
+        expect(await store.complete([owned])).toEqual([{ id: claimed.id, outcome: 'already' }]);
+        const record = await store.getJob(claimed.id);
+        expect(record).toMatchObject({ state: 'done', leaseUntil: null });
+        expect(record!.finishedAt).toBeInstanceOf(Date);
+        const attempts = await store.getAttempts(claimed.id);
+        expect(attempts.map((a) => a.outcome)).toEqual(['completed']);
+      });
+
+      it('refuses a stale token after reap and re-claim: complete, fail and heartbeat are all lost', async () => {
+        const queue = newQueue('stale');
+        await store.enqueue([job(queue, { x: 1 })]);
+        const first = await claimOne(queue, 1);
+        await reapUntil(queue, first.id);
+        const second = await claimOne(queue, 60_000);
+        expect(second.id).toBe(first.id);
+        expect(second.claimToken).not.toBe(first.claimToken);
+        expect(second.attempt).toBe(2);
+
+        const stale = { id: first.id, claimToken: first.claimToken };
+        expect(await store.complete([stale])).toEqual([{ id: first.id, outcome: 'lost' }]);
+        expect(
+          await store.fail([{ ...stale, error: 'stale', stack: null, retryDelayMs: 0, dead: false, workerId: WORKER }]),
+        ).toEqual([{ id: first.id, outcome: 'lost', state: null }]);
+        expect(await store.heartbeat([{ ...stale, leaseMs: 60_000, maxDurationMs: null }])).toEqual([
+          { id: first.id, outcome: 'lost', leaseUntil: null },
+        ]);
+        expect(await store.release([stale])).toEqual([{ id: first.id, outcome: 'lost' }]);
+
+        // The new owner is untouched by all of that.
+        const record = await store.getJob(first.id);
+        expect(record).toMatchObject({ state: 'leased', claimToken: second.claimToken });
+        expect(await store.complete([{ id: second.id, claimToken: second.claimToken }])).toEqual([
+          { id: second.id, outcome: 'ok' },
+        ]);
+        const history = await store.getAttempts(first.id);
+        expect(history.map((a) => a.outcome)).toEqual(['lease-expired', 'completed']);
+      });
+
+      it('heartbeat extends the lease with the same token, bounded by the maximum duration', async () => {
+        const queue = newQueue('hb');
+        await store.enqueue([job(queue, {})]);
+        const claimed = await claimOne(queue, 2_000);
+        const [extended] = await store.heartbeat([
+          { id: claimed.id, claimToken: claimed.claimToken, leaseMs: 120_000, maxDurationMs: null },
+        ]);
+        expect(extended!.outcome).toBe('ok');
+        expect(extended!.leaseUntil!.getTime()).toBeGreaterThan(claimed.leaseUntil.getTime() + 100_000);
+        const [capped] = await store.heartbeat([
+          { id: claimed.id, claimToken: claimed.claimToken, leaseMs: 120_000, maxDurationMs: 10_000 },
+        ]);
+        expect(capped!.leaseUntil!.getTime()).toBeLessThanOrEqual(claimed.claimedAt.getTime() + 10_000 + 5);
+        expect((await store.getJob(claimed.id))!.claimToken).toBe(claimed.claimToken);
+      });
+
+      it('fail schedules a retry after the given delay and records the attempt', async () => {
+        const queue = newQueue('retry');
+        await store.enqueue([job(queue, { n: 1 })]);
+        const claimed = await claimOne(queue);
+        const [result] = await store.fail([
+          {
+            id: claimed.id,
+            claimToken: claimed.claimToken,
+            error: 'smtp refused',
+            stack: 'Error: smtp refused\n    at send',
+            retryDelayMs: 60_000,
+            dead: false,
+            workerId: 'w-fail',
+          },
+        ]);
+        expect(result).toEqual({ id: claimed.id, outcome: 'ok', state: 'ready' });
+        const record = await store.getJob(claimed.id);
+        expect(record).toMatchObject({ state: 'ready', lastError: 'smtp refused', claimToken: null, attempts: 1 });
+        expect(record!.runAt.getTime()).toBeGreaterThan(Date.now() + 50_000);
+        expect(await store.claim({ queue, limit: 1, leaseMs: 1000, workerId: WORKER })).toEqual([]);
+        const stats = await store.stats(queue);
+        expect(stats).toMatchObject({ ready: 0, delayed: 1 });
+        const [attempt] = await store.getAttempts(claimed.id);
+        expect(attempt).toMatchObject({
+          attempt: 1,
+          outcome: 'failed',
+          error: 'smtp refused',
+          stack: 'Error: smtp refused\n    at send',
+          workerId: 'w-fail',
+        });
+        expect(attempt!.startedAt).toBeInstanceOf(Date);
+        // A retried fail whose first reply was lost is recognised.
+        const [again] = await store.fail([
+          {
+            id: claimed.id,
+            claimToken: claimed.claimToken,
+            error: 'x',
+            stack: null,
+            retryDelayMs: 0,
+            dead: false,
+            workerId: 'w',
+          },
+        ]);
+        expect(again!.outcome).toBe('already');
+      });
+
+      it('moves a job to dead after maxAttempts, keeping the last error; dead at once when unrecoverable', async () => {
+        const queue = newQueue('dead');
+        const [doomed] = await store.enqueue([job(queue, { n: 1 }, { maxAttempts: 2 })]);
+        for (let attempt = 1; attempt <= 2; attempt++) {
+          const claimed = await claimOne(queue);
+          expect(claimed.attempt).toBe(attempt);
+          const [result] = await store.fail([
+            {
+              id: claimed.id,
+              claimToken: claimed.claimToken,
+              error: `boom ${attempt}`,
+              stack: null,
+              retryDelayMs: 0,
+              dead: false,
+              workerId: WORKER,
+            },
+          ]);
+          expect(result!.state).toBe(attempt === 2 ? 'dead' : 'ready');
+        }
+        const record = await store.getJob(doomed!.jobId);
+        expect(record).toMatchObject({ state: 'dead', lastError: 'boom 2', attempts: 2 });
+        expect(record!.finishedAt).toBeInstanceOf(Date);
+
+        const [poison] = await store.enqueue([job(queue, { n: 2 }, { maxAttempts: 10 })]);
+        const claimed = await claimOne(queue);
+        expect(claimed.id).toBe(poison!.jobId);
+        const [result] = await store.fail([
+          {
+            id: claimed.id,
+            claimToken: claimed.claimToken,
+            error: 'invalid payload',
+            stack: null,
+            retryDelayMs: 0,
+            dead: true,
+            workerId: WORKER,
+          },
+        ]);
+        expect(result!.state).toBe('dead');
+        expect((await store.stats(queue)).dead).toBe(2);
+      });
+
+      it('release gives a never-started job back without counting the attempt', async () => {
+        const queue = newQueue('release');
+        await store.enqueue([job(queue, {})]);
+        const claimed = await claimOne(queue);
+        expect(await store.release([{ id: claimed.id, claimToken: claimed.claimToken }])).toEqual([
+          { id: claimed.id, outcome: 'ok' },
+        ]);
+        expect(await store.getJob(claimed.id)).toMatchObject({ state: 'ready', attempts: 0, claimToken: null });
+        expect((await claimOne(queue)).attempt).toBe(1);
+      });
+
+      it('batches many owners in one call, each checked on its own token', async () => {
+        const queue = newQueue('batch');
+        await store.enqueue(Array.from({ length: 6 }, (_, i) => job(queue, { i })));
+        const claimed = await store.claim({ queue, limit: 6, leaseMs: 60_000, workerId: WORKER });
+        expect(claimed).toHaveLength(6);
+        const [a, b, c, d, e, f] = claimed as [ClaimedJob, ClaimedJob, ClaimedJob, ClaimedJob, ClaimedJob, ClaimedJob];
+        const results = await store.complete([
+          { id: a.id, claimToken: a.claimToken },
+          { id: b.id, claimToken: c.claimToken }, // someone else's token
+          { id: c.id, claimToken: c.claimToken },
+        ]);
+        expect(results).toEqual(
+          expect.arrayContaining([
+            { id: a.id, outcome: 'ok' },
+            { id: b.id, outcome: 'lost' },
+            { id: c.id, outcome: 'ok' },
+          ]),
+        );
+        const failed = await store.fail([
+          {
+            id: d.id,
+            claimToken: d.claimToken,
+            error: 'e1',
+            stack: null,
+            retryDelayMs: 0,
+            dead: false,
+            workerId: WORKER,
+          },
+          {
+            id: e.id,
+            claimToken: f.claimToken,
+            error: 'e2',
+            stack: null,
+            retryDelayMs: 0,
+            dead: false,
+            workerId: WORKER,
+          },
+        ]);
+        expect(failed).toEqual(
+          expect.arrayContaining([
+            { id: d.id, outcome: 'ok', state: 'ready' },
+            { id: e.id, outcome: 'lost', state: null },
+          ]),
+        );
+        const beats = await store.heartbeat([
+          { id: e.id, claimToken: e.claimToken, leaseMs: 60_000, maxDurationMs: null },
+          { id: f.id, claimToken: a.claimToken, leaseMs: 60_000, maxDurationMs: null },
+        ]);
+        expect(beats.find((x) => x.id === e.id)!.outcome).toBe('ok');
+        expect(beats.find((x) => x.id === f.id)!.outcome).toBe('lost');
+      });
+    });
+
+    describe('reaper', () => {
+      it('returns expired leases to ready with a lease-expired attempt, and only expired ones', async () => {
+        const queue = newQueue('reap');
+        await store.enqueue([job(queue, { short: true }), job(queue, { short: false })]);
+        const short = await claimOne(queue, 1);
+        const long = await claimOne(queue, 600_000);
+        await reapUntil(queue, short.id);
+        const record = await store.getJob(short.id);
+        expect(record).toMatchObject({ state: 'ready', claimToken: null, leaseUntil: null, attempts: 1 });
+        expect(record!.lastError).toMatch(/lease expired/);
+        const [attempt] = await store.getAttempts(short.id);
+        expect(attempt).toMatchObject({ attempt: 1, outcome: 'lease-expired', workerId: WORKER });
+        expect((await store.getJob(long.id))!.state).toBe('leased');
+      });
+
+      it('moves an expired lease to dead when its attempts are used up', async () => {
+        const queue = newQueue('reapdead');
+        const [enqueued] = await store.enqueue([job(queue, {}, { maxAttempts: 1 })]);
+        await claimOne(queue, 1);
+        await reapUntil(queue, enqueued!.jobId);
+        expect(await store.getJob(enqueued!.jobId)).toMatchObject({ state: 'dead', attempts: 1 });
+        expect((await store.getJob(enqueued!.jobId))!.lastError).toMatch(/lease expired/);
+      });
+
+      it('is safe with several reapers at once: each expired lease is reaped once', async () => {
+        const queue = newQueue('reapers');
+        const count = Math.round(200 * target.scale);
+        await store.enqueue(Array.from({ length: count }, (_, i) => job(queue, { i })));
+        await store.claim({ queue, limit: count, leaseMs: 1, workerId: WORKER });
+        const reapers = await openExtra(4);
+        await waitFor(
+          async () => (await store.stats(queue)).expiredLeases,
+          (n) => n === count,
+          {
+            what: 'all leases to expire',
+          },
+        );
+        const reaped = (await Promise.all(reapers.map((r) => r.reap(25)))).flat();
+        let more = reaped;
+        while (more.length > 0) {
+          more = (await Promise.all(reapers.map((r) => r.reap(25)))).flat();
+          reaped.push(...more);
+        }
+        const mine = reaped.filter((r) => r.queue === queue);
+        expect(mine).toHaveLength(count);
+        expect(new Set(mine.map((r) => r.id)).size).toBe(count);
+        expect((await store.stats(queue)).ready).toBe(count);
+      });
+    });
+
+    describe('stats and administration', () => {
+      it('reports ready, delayed, leased, expired leases, dead, retrying and oldest ready age', async () => {
+        const queue = newQueue('stats');
+        const empty = await store.stats(queue);
+        expect(empty).toEqual({
+          queue,
+          ready: 0,
+          delayed: 0,
+          leased: 0,
+          expiredLeases: 0,
+          dead: 0,
+          retrying: 0,
+          oldestReadyAgeMs: 0,
+        });
+        await store.enqueue([job(queue, { old: true }, { runAt: new Date(Date.now() - 120_000) })]);
+        await store.enqueue([job(queue, { a: 1 }), job(queue, { a: 2 }), job(queue, { a: 3 }), job(queue, { a: 4 })]);
+        await store.enqueue([job(queue, {}, { delayMs: 600_000 })]);
+        const oldest = await claimOne(queue, 1); // the old one, soon expired
+        const leased = await claimOne(queue, 600_000);
+        const toFail = await claimOne(queue, 600_000);
+        await store.fail([
+          {
+            id: toFail.id,
+            claimToken: toFail.claimToken,
+            error: 'x',
+            stack: null,
+            retryDelayMs: 0,
+            dead: true,
+            workerId: WORKER,
+          },
+        ]);
+        const toRetry = await claimOne(queue, 600_000);
+        await store.fail([
+          {
+            id: toRetry.id,
+            claimToken: toRetry.claimToken,
+            error: 'y',
+            stack: null,
+            retryDelayMs: 0,
+            dead: false,
+            workerId: WORKER,
+          },
+        ]);
+        await waitFor(
+          async () => (await store.stats(queue)).expiredLeases,
+          (n) => n === 1,
+          { what: 'one expired lease' },
+        );
+        const stats = await store.stats(queue);
+        expect(stats).toMatchObject({ ready: 2, delayed: 1, leased: 2, expiredLeases: 1, dead: 1, retrying: 1 });
+        expect(stats.oldestReadyAgeMs).toBeGreaterThan(0);
+        expect(oldest.id).not.toBe(leased.id);
+        // The oldest ready job now is one enqueued moments ago, not the two-minute-old leased one.
+        expect(stats.oldestReadyAgeMs).toBeLessThan(60_000);
+        await store.reap(100);
+        const after = await store.stats(queue);
+        expect(after.oldestReadyAgeMs).toBeGreaterThanOrEqual(110_000);
+      });
+
+      it('lists dead jobs in pages, retries them and purges them', async () => {
+        const queue = newQueue('deadadmin');
+        await store.enqueue(Array.from({ length: 5 }, (_, i) => job(queue, { i }, { maxAttempts: 1 })));
+        const claimed = await store.claim({ queue, limit: 5, leaseMs: 60_000, workerId: WORKER });
+        await store.fail(
+          claimed.map((c) => ({
+            id: c.id,
+            claimToken: c.claimToken,
+            error: `e${c.id}`,
+            stack: null,
+            retryDelayMs: 0,
+            dead: false,
+            workerId: WORKER,
+          })),
+        );
+        const page1 = await store.listDead(queue, { limit: 3 });
+        expect(page1.jobs).toHaveLength(3);
+        expect(page1.nextAfterId).toBe(page1.jobs[2]!.id);
+        const page2 = await store.listDead(queue, { limit: 3, afterId: page1.nextAfterId });
+        expect(page2.jobs).toHaveLength(2);
+        expect(page2.nextAfterId).toBeNull();
+        const all = [...page1.jobs, ...page2.jobs];
+        expect(all.every((j) => j.state === 'dead' && j.lastError === `e${j.id}`)).toBe(true);
+
+        const retried = await store.retryDead(queue, [all[0]!.id, '999999999999']);
+        expect(retried).toEqual([all[0]!.id]);
+        expect(await store.getJob(all[0]!.id)).toMatchObject({ state: 'ready', attempts: 0 });
+        expect((await claimOne(queue)).id).toBe(all[0]!.id);
+
+        expect(await store.purgeDead(queue, { olderThanMs: 3_600_000 })).toBe(0);
+        expect(await store.purgeDead(queue)).toBe(4);
+        expect((await store.stats(queue)).dead).toBe(0);
+        expect(await store.getJob(all[1]!.id)).toBeNull();
+      });
+
+      it('retries every dead job of a queue at once', async () => {
+        const queue = newQueue('retryall');
+        await store.enqueue(Array.from({ length: 3 }, (_, i) => job(queue, { i }, { maxAttempts: 1 })));
+        const claimed = await store.claim({ queue, limit: 3, leaseMs: 60_000, workerId: WORKER });
+        await store.fail(
+          claimed.map((c) => ({
+            id: c.id,
+            claimToken: c.claimToken,
+            error: 'e',
+            stack: null,
+            retryDelayMs: 0,
+            dead: true,
+            workerId: WORKER,
+          })),
+        );
+        expect((await store.retryDead(queue, 'all')).sort()).toEqual(claimed.map((c) => c.id).sort());
+        expect((await store.stats(queue)).ready).toBe(3);
+      });
+
+      it('cleans up finished jobs, keeping idempotency keys for their window', async () => {
+        const queue = newQueue('cleanup');
+        const [plain] = await store.enqueue([job(queue, { plain: true })]);
+        const [keyed] = await store.enqueue([job(queue, { keyed: true }, { idempotencyKey: 'k-1' })]);
+        const [waiting] = await store.enqueue([job(queue, { waiting: true })]);
+        const claimed = await store.claim({ queue, limit: 2, leaseMs: 60_000, workerId: WORKER });
+        expect(claimed.map((c) => c.id).sort()).toEqual([plain!.jobId, keyed!.jobId].sort());
+        await store.complete(claimed.map((c) => ({ id: c.id, claimToken: c.claimToken })));
+        // Cleanup is global: it also removes other tests' old done jobs, so watch ours.
+        const keepKeys = {
+          doneRetentionMs: 1,
+          idempotencyRetentionMs: 3_600_000,
+          deadRetentionMs: null,
+          batchSize: 1000,
+        };
+        await waitFor(
+          async () => {
+            await store.cleanup(keepKeys);
+            return store.getJob(plain!.jobId);
+          },
+          (record) => record === null,
+          { what: 'the keyless done job to pass its retention' },
+        );
+        expect(await store.getJob(keyed!.jobId)).not.toBeNull();
+        expect(await store.getJob(waiting!.jobId)).not.toBeNull();
+        const [again] = await store.enqueue([job(queue, {}, { idempotencyKey: 'k-1' })]);
+        expect(again).toEqual({ jobId: keyed!.jobId, created: false });
+        const dropKeys = { doneRetentionMs: 1, idempotencyRetentionMs: 1, deadRetentionMs: null, batchSize: 1000 };
+        await waitFor(
+          async () => {
+            await store.cleanup(dropKeys);
+            return store.getJob(keyed!.jobId);
+          },
+          (record) => record === null,
+          { what: 'the keyed job to pass the idempotency window' },
+        );
+        expect(await store.getJob(waiting!.jobId)).not.toBeNull();
+      });
+
+      it('answers a ping within its time bound', async () => {
+        await expect(store.ping(5_000)).resolves.toBeUndefined();
+      });
+    });
+  });
+}

@@ -1,0 +1,80 @@
+import { readdirSync, readFileSync, statSync } from 'node:fs';
+import { join, relative } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+
+const LIB = fileURLToPath(new URL('../../lib/src', import.meta.url));
+
+function sourceFiles(dir: string): string[] {
+  return readdirSync(dir).flatMap((name) => {
+    const path = join(dir, name);
+    return statSync(path).isDirectory() ? sourceFiles(path) : path.endsWith('.ts') ? [path] : [];
+  });
+}
+
+function importsOf(file: string): string[] {
+  const text = readFileSync(file, 'utf8');
+  return [...text.matchAll(/(?:import|export)\s[^'"]*?from\s+['"]([^'"]+)['"]|import\(\s*['"]([^'"]+)['"]\s*\)/g)].map(
+    (m) => (m[1] ?? m[2])!,
+  );
+}
+
+/** Which top-level folder of lib/src an import lands in, or the package name for externals. */
+function target(file: string, specifier: string): string {
+  if (!specifier.startsWith('.'))
+    return specifier.startsWith('@') ? specifier.split('/').slice(0, 2).join('/') : specifier.split('/')[0]!;
+  const resolved = relative(LIB, join(file, '..', specifier));
+  return `lib:${resolved.split('/')[0]}`;
+}
+
+const files = sourceFiles(LIB).map((file) => ({
+  file,
+  area: relative(LIB, file).split('/')[0]!,
+  sub: relative(LIB, file).split('/')[1] ?? '',
+  targets: importsOf(file).map((spec) => target(file, spec)),
+}));
+
+describe('layering: dependency arrows point down only', () => {
+  it('finds the source tree', () => {
+    expect(files.some((f) => f.area === 'core')).toBe(true);
+  });
+
+  it('core imports nothing but core and Node built-ins', () => {
+    for (const f of files.filter((x) => x.area === 'core')) {
+      const outside = f.targets.filter((t) => t !== 'lib:core' && !t.startsWith('node:'));
+      expect(outside, relative(LIB, f.file)).toEqual([]);
+    }
+  });
+
+  it('store imports core and its own driver only, never Nest', () => {
+    for (const f of files.filter((x) => x.area === 'store')) {
+      const bad = f.targets.filter((t) => t.startsWith('@nestjs') || t === 'lib:nest' || t === 'lib:broker');
+      expect(bad, relative(LIB, f.file)).toEqual([]);
+    }
+  });
+
+  it('only store/mssql and broker import mssql; only store/postgres imports pg and PGlite', () => {
+    for (const f of files) {
+      const where = relative(LIB, f.file);
+      if (f.targets.includes('mssql'))
+        expect(where.startsWith('store/mssql/') || f.area === 'broker', where).toBe(true);
+      if (f.targets.includes('pg') || f.targets.includes('@electric-sql/pglite')) {
+        expect(where.startsWith('store/postgres/'), where).toBe(true);
+      }
+    }
+  });
+
+  it('Terminus stays behind the health entry point (an optional peer)', () => {
+    for (const f of files.filter((x) => !relative(LIB, x.file).includes('health'))) {
+      expect(f.targets.includes('@nestjs/terminus'), relative(LIB, f.file)).toBe(false);
+    }
+  });
+
+  it('relative imports are ESM-clean (end in .js)', () => {
+    for (const f of files) {
+      for (const spec of importsOf(f.file).filter((s) => s.startsWith('.'))) {
+        expect(spec.endsWith('.js'), `${relative(LIB, f.file)} imports ${spec}`).toBe(true);
+      }
+    }
+  });
+});
