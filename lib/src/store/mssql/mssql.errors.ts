@@ -1,0 +1,52 @@
+/** Deadlock victim: the server rolled the statement (and any transaction) back. */
+export const MSSQL_DEADLOCK = 1205;
+/** Lock request time out (only with SET LOCK_TIMEOUT). */
+export const MSSQL_LOCK_TIMEOUT = 1222;
+
+/** Retryable in place: the statement was rolled back whole, so repeating it is safe. */
+const LOCK_CONFLICTS = new Set([MSSQL_DEADLOCK, MSSQL_LOCK_TIMEOUT]);
+
+/**
+ * Connection-level and Azure SQL throttling errors after which the next attempt may succeed:
+ * 4060 cannot open database, 40197/40501/40613/49918-49920 service busy or reconfiguring,
+ * 10928/10929 resource limits, 233/10053/10054/10060/64 transport failures.
+ */
+const TRANSIENT_NUMBERS = new Set([
+  ...LOCK_CONFLICTS,
+  4060,
+  40197,
+  40501,
+  40613,
+  49918,
+  49919,
+  49920,
+  10928,
+  10929,
+  233,
+  10053,
+  10054,
+  10060,
+  64,
+  -2,
+]);
+
+const TRANSIENT_CODES = new Set(['ETIMEOUT', 'ESOCKET', 'ECONNCLOSED', 'ECONNRESET', 'ECONNREFUSED', 'ENOTOPEN']);
+
+function errorNumber(error: unknown): number | undefined {
+  if (!error || typeof error !== 'object') return undefined;
+  const candidate = error as { number?: unknown; originalError?: { number?: unknown; info?: { number?: unknown } } };
+  const value = candidate.number ?? candidate.originalError?.info?.number ?? candidate.originalError?.number;
+  return typeof value === 'number' ? value : undefined;
+}
+
+export function isLockConflict(error: unknown): boolean {
+  const number = errorNumber(error);
+  return number !== undefined && LOCK_CONFLICTS.has(number);
+}
+
+export function isTransientMssqlError(error: unknown): boolean {
+  const number = errorNumber(error);
+  if (number !== undefined && TRANSIENT_NUMBERS.has(number)) return true;
+  const code = (error as { code?: unknown } | null)?.code;
+  return typeof code === 'string' && TRANSIENT_CODES.has(code);
+}

@@ -1,0 +1,194 @@
+import { quoteMssqlIdentifier } from './mssql.identifiers.js';
+
+export interface MssqlMigration {
+  version: number;
+  description: string;
+  /** Each entry is sent as its own batch, inside the migration transaction. */
+  batches: (schema: string) => string[];
+}
+
+/**
+ * Append-only: a released migration is never edited; changes come as a new version.
+ *
+ * Clustered key: `Id` (bigint, ever increasing). Ids are reserved from a sequence with
+ * sp_sequence_get_range, so a bulk enqueue knows each input row's id before inserting it.
+ * Alternatives considered:
+ * - clustering on the claim order (Queue, State, Priority, RunAt) would move the whole row,
+ *   payload included, on every state change, and scatter inserts over the tree;
+ * - a GUID key fragments pages and widens every secondary index.
+ * An increasing key appends at the right edge of the tree, which concentrates concurrent
+ * inserts on the last page (PAGELATCH_EX contention); OPTIMIZE_FOR_SEQUENTIAL_KEY
+ * (SQL Server 2019+, Azure SQL) throttles that, and is switched on where the server has it.
+ *
+ * Claim path: readers never scan the clustered index. Each hot statement reads a filtered
+ * index whose predicate names a live state (ready, leased, dead), so the millions of done rows
+ * that accumulate as history are not in the claim, reaper or stats path at all, and a claim
+ * is a short ordered range seek that stops after TOP (@limit) rows. Filtered indexes need the
+ * standard session settings (ANSI_NULLS, QUOTED_IDENTIFIER, ARITHABORT… ON), which every
+ * current driver uses; a session with legacy settings fails loudly (error 1934), not silently.
+ */
+export const MSSQL_MIGRATIONS: readonly MssqlMigration[] = [
+  {
+    version: 1,
+    description: 'jobs, attempts, table types and their indexes',
+    batches: (schema) => {
+      const s = quoteMssqlIdentifier(schema);
+      return [
+        `CREATE SEQUENCE ${s}.[JobIdSequence] AS bigint START WITH 1 INCREMENT BY 1 CACHE 1000;`,
+        `CREATE TABLE ${s}.[Jobs] (
+  [Id] bigint NOT NULL,
+  [Queue] nvarchar(128) NOT NULL,
+  [State] varchar(8) NOT NULL,
+  [Payload] nvarchar(max) NOT NULL,
+  [Priority] int NOT NULL CONSTRAINT [DF_Jobs_Priority] DEFAULT (0),
+  [RunAt] datetime2(3) NOT NULL,
+  [GroupKey] nvarchar(255) NULL,
+  [IdempotencyKey] nvarchar(255) NULL,
+  [Attempts] int NOT NULL CONSTRAINT [DF_Jobs_Attempts] DEFAULT (0),
+  [MaxAttempts] int NOT NULL,
+  [ClaimToken] uniqueidentifier NULL,
+  [LeaseUntil] datetime2(3) NULL,
+  [WorkerId] nvarchar(255) NULL,
+  [CreatedAt] datetime2(3) NOT NULL CONSTRAINT [DF_Jobs_CreatedAt] DEFAULT (SYSUTCDATETIME()),
+  [ClaimedAt] datetime2(3) NULL,
+  [FinishedAt] datetime2(3) NULL,
+  [LastError] nvarchar(max) NULL,
+  CONSTRAINT [PK_Jobs] PRIMARY KEY CLUSTERED ([Id]),
+  CONSTRAINT [CK_Jobs_State] CHECK ([State] IN ('ready', 'leased', 'done', 'dead')),
+  CONSTRAINT [CK_Jobs_Attempts] CHECK ([Attempts] >= 0 AND [MaxAttempts] >= 1)
+);`,
+        `IF CAST(SERVERPROPERTY('ProductMajorVersion') AS int) >= 15 OR CAST(SERVERPROPERTY('EngineEdition') AS int) IN (5, 8)
+  EXEC (N'ALTER INDEX [PK_Jobs] ON ${s}.[Jobs] SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON);');`,
+        // Read in ORDER BY order by the claim, which stops after TOP (@limit) rows.
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_Claim] ON ${s}.[Jobs] ([Queue], [Priority] DESC, [RunAt], [Id]) WHERE [State] = 'ready';`,
+        // Reaper and lease stats: leased rows are few (bounded by running handlers).
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_Leased] ON ${s}.[Jobs] ([Queue], [LeaseUntil]) WHERE [State] = 'leased';`,
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_Dead] ON ${s}.[Jobs] ([Queue], [Id]) WHERE [State] = 'dead';`,
+        // Retention cleanup deletes the oldest finished rows first.
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_Done] ON ${s}.[Jobs] ([FinishedAt]) WHERE [State] = 'done';`,
+        `CREATE UNIQUE NONCLUSTERED INDEX [UX_Jobs_Idempotency] ON ${s}.[Jobs] ([Queue], [IdempotencyKey]) WHERE [IdempotencyKey] IS NOT NULL;`,
+        `CREATE TABLE ${s}.[Attempts] (
+  [Id] bigint IDENTITY(1, 1) NOT NULL,
+  [JobId] bigint NOT NULL,
+  [Queue] nvarchar(128) NOT NULL,
+  [Attempt] int NOT NULL,
+  [Outcome] varchar(16) NOT NULL,
+  [Error] nvarchar(max) NULL,
+  [Stack] nvarchar(max) NULL,
+  [WorkerId] nvarchar(255) NULL,
+  [ClaimToken] uniqueidentifier NULL,
+  [StartedAt] datetime2(3) NULL,
+  [FinishedAt] datetime2(3) NOT NULL CONSTRAINT [DF_Attempts_FinishedAt] DEFAULT (SYSUTCDATETIME()),
+  CONSTRAINT [PK_Attempts] PRIMARY KEY CLUSTERED ([Id]),
+  CONSTRAINT [FK_Attempts_Jobs] FOREIGN KEY ([JobId]) REFERENCES ${s}.[Jobs] ([Id]) ON DELETE CASCADE,
+  CONSTRAINT [CK_Attempts_Outcome] CHECK ([Outcome] IN ('failed', 'lease-expired'))
+);`,
+        `CREATE NONCLUSTERED INDEX [IX_Attempts_Job] ON ${s}.[Attempts] ([JobId], [Attempt]);`,
+        `CREATE NONCLUSTERED INDEX [IX_Attempts_Recent] ON ${s}.[Attempts] ([Queue], [FinishedAt]);`,
+        // Table-valued parameters carry batches in one round trip at any compatibility level.
+        `CREATE TYPE ${s}.[JobInputList] AS TABLE (
+  [Ord] int NOT NULL PRIMARY KEY,
+  [Queue] nvarchar(128) NOT NULL,
+  [Payload] nvarchar(max) NOT NULL,
+  [Priority] int NOT NULL,
+  [RunAt] datetime2(3) NULL,
+  [DelayMs] bigint NOT NULL,
+  [GroupKey] nvarchar(255) NULL,
+  [IdempotencyKey] nvarchar(255) NULL,
+  [MaxAttempts] int NOT NULL
+);`,
+        `CREATE TYPE ${s}.[OwnedJobList] AS TABLE (
+  [Id] bigint NOT NULL PRIMARY KEY,
+  [Token] uniqueidentifier NOT NULL
+);`,
+        `CREATE TYPE ${s}.[HeartbeatList] AS TABLE (
+  [Id] bigint NOT NULL PRIMARY KEY,
+  [Token] uniqueidentifier NOT NULL,
+  [LeaseMs] int NOT NULL,
+  [MaxMs] int NULL
+);`,
+        `CREATE TYPE ${s}.[FailureList] AS TABLE (
+  [Id] bigint NOT NULL PRIMARY KEY,
+  [Token] uniqueidentifier NOT NULL,
+  [Error] nvarchar(max) NULL,
+  [Stack] nvarchar(max) NULL,
+  [DelayMs] int NOT NULL,
+  [Dead] bit NOT NULL,
+  [WorkerId] nvarchar(255) NULL
+);`,
+        `CREATE TYPE ${s}.[IdList] AS TABLE (
+  [Id] bigint NOT NULL PRIMARY KEY
+);`,
+      ];
+    },
+  },
+];
+
+export const MSSQL_LATEST_VERSION = MSSQL_MIGRATIONS[MSSQL_MIGRATIONS.length - 1]!.version;
+
+/** Objects needed before the version can be read; safe to repeat. */
+export function mssqlBootstrap(schema: string): string[] {
+  const s = quoteMssqlIdentifier(schema);
+  return [
+    // CREATE SCHEMA must be alone in its batch, hence the dynamic SQL; the name is validated.
+    `IF SCHEMA_ID(N'${schema}') IS NULL EXEC (N'CREATE SCHEMA ${s};');`,
+    `IF OBJECT_ID(N'${s}.[SchemaVersion]', N'U') IS NULL
+CREATE TABLE ${s}.[SchemaVersion] (
+  [Version] int NOT NULL CONSTRAINT [PK_SchemaVersion] PRIMARY KEY,
+  [Description] nvarchar(400) NOT NULL,
+  [AppliedAt] datetime2(3) NOT NULL CONSTRAINT [DF_SchemaVersion_AppliedAt] DEFAULT (SYSUTCDATETIME())
+);`,
+  ];
+}
+
+/**
+ * Serializes installs: the lock belongs to the migration transaction, so it is released by
+ * COMMIT or ROLLBACK, and by the server if the process dies mid-way.
+ */
+export function mssqlMigrationLock(): string {
+  return `DECLARE @result int;
+EXEC @result = sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = @timeoutMs;
+IF @result < 0
+  THROW 51000, N'nestjs-sql-queue: could not take the schema migration lock (sp_getapplock)', 1;`;
+}
+
+export function mssqlMigrationLockResource(schema: string): string {
+  return `nestjs-sql-queue:migrate:${schema}`;
+}
+
+export function mssqlReadVersion(schema: string): string {
+  const s = quoteMssqlIdentifier(schema);
+  return `IF OBJECT_ID(N'${s}.[SchemaVersion]', N'U') IS NULL
+  SELECT CAST(0 AS int) AS [Version];
+ELSE
+  EXEC (N'SELECT ISNULL(MAX([Version]), 0) AS [Version] FROM ${s}.[SchemaVersion];');`;
+}
+
+export function mssqlRecordVersion(schema: string): string {
+  return `INSERT INTO ${quoteMssqlIdentifier(schema)}.[SchemaVersion] ([Version], [Description]) VALUES (@version, @description);`;
+}
+
+/** The install/upgrade script a DBA can review and run with sqlcmd or SSMS (GO separates batches). */
+export function mssqlInstallScript(schema: string, fromVersion = 0): string {
+  const s = quoteMssqlIdentifier(schema);
+  const out = [
+    `-- nestjs-sql-queue schema for SQL Server, versions ${fromVersion + 1}..${MSSQL_LATEST_VERSION}, schema ${schema}`,
+    'SET XACT_ABORT ON;',
+    'BEGIN TRANSACTION;',
+    'GO',
+    `DECLARE @resource nvarchar(255) = N'${mssqlMigrationLockResource(schema)}', @timeoutMs int = 60000;`,
+    mssqlMigrationLock(),
+    'GO',
+  ];
+  for (const batch of mssqlBootstrap(schema)) out.push(batch, 'GO');
+  for (const migration of MSSQL_MIGRATIONS.filter((m) => m.version > fromVersion)) {
+    out.push(`-- ${migration.version}: ${migration.description}`);
+    for (const batch of migration.batches(schema)) out.push(batch, 'GO');
+    out.push(
+      `INSERT INTO ${s}.[SchemaVersion] ([Version], [Description]) VALUES (${migration.version}, N'${migration.description.replace(/'/g, "''")}');`,
+      'GO',
+    );
+  }
+  out.push('COMMIT TRANSACTION;', 'GO');
+  return `${out.join('\n')}\n`;
+}

@@ -1,0 +1,320 @@
+import { quoteMssqlIdentifier } from './mssql.identifiers.js';
+
+/**
+ * T-SQL statements, one function each, named by what they do. Values are always parameters
+ * (@name); the only text spliced in is the schema name, validated at boot and bracket-quoted.
+ * Batches of jobs travel as table-valued parameters of the types created by the migrations.
+ *
+ * Times come from the database clock (SYSUTCDATETIME()). Millisecond offsets that may exceed
+ * the int range of DATEADD are applied as seconds plus a millisecond remainder.
+ *
+ * Every statement here is parsed by a T-SQL grammar in the test suite.
+ */
+export interface MssqlQueries {
+  enqueueOne: string;
+  enqueueMany: string;
+  claim: string;
+  heartbeat: string;
+  complete: string;
+  fail: string;
+  release: string;
+  reap: string;
+  hasClaimableWork: string;
+  stats: string;
+  getJob: string;
+  getAttempts: string;
+  listDead: string;
+  retryDead: string;
+  retryAllDead: string;
+  purgeDead: string;
+  cleanup: string;
+  ping: string;
+}
+
+/** Table types; the store names them when it binds table-valued parameters. */
+export const MSSQL_TABLE_TYPES = {
+  jobInput: 'JobInputList',
+  owned: 'OwnedJobList',
+  heartbeat: 'HeartbeatList',
+  failure: 'FailureList',
+  ids: 'IdList',
+} as const;
+
+/** SYSUTCDATETIME() moved by a bigint count of milliseconds (sign: +1 future, -1 past). */
+function shiftedNow(param: string, sign: 1 | -1): string {
+  const op = sign === 1 ? '' : '-';
+  return `DATEADD(millisecond, ${op}CAST(${param} % 1000 AS int), DATEADD(second, ${op}CAST(${param} / 1000 AS int), SYSUTCDATETIME()))`;
+}
+
+/**
+ * Reserves a contiguous range of job ids into @firstId. (NEXT VALUE FOR would do for one row,
+ * but a range lets a batch know its ids before the insert, without trusting output order.)
+ */
+function reserveIds(count: string, sequence: string): string {
+  return `DECLARE @range sql_variant;
+EXEC sys.sp_sequence_get_range @sequence_name = N'${sequence}', @range_size = ${count}, @range_first_value = @range OUTPUT;
+DECLARE @firstId bigint = CAST(@range AS bigint);`;
+}
+
+const JOB_COLUMNS = `CAST([Id] AS varchar(20)) AS [Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey],
+  [IdempotencyKey], [Attempts], [MaxAttempts], CAST([ClaimToken] AS char(36)) AS [ClaimToken], [LeaseUntil], [WorkerId],
+  [CreatedAt], [ClaimedAt], [FinishedAt], [LastError]`;
+
+/**
+ * Wraps statements that must commit together (a state change and its attempt row) in a
+ * transaction of their own, without changing session settings such as XACT_ABORT.
+ */
+function atomically(body: string): string {
+  return `BEGIN TRY
+  BEGIN TRANSACTION;
+${body}
+  COMMIT TRANSACTION;
+END TRY
+BEGIN CATCH
+  IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+  THROW;
+END CATCH;`;
+}
+
+export function mssqlQueries(schema: string): MssqlQueries {
+  const s = quoteMssqlIdentifier(schema);
+  const jobs = `${s}.[Jobs]`;
+  const attempts = `${s}.[Attempts]`;
+  const sequence = `${s}.[JobIdSequence]`;
+
+  return {
+    // @queue, @payload, @priority, @runAt (null: now + @delayMs), @delayMs bigint, @groupKey,
+    // @idempotencyKey, @maxAttempts. With a key, UPDLOCK + HOLDLOCK lock the key's range in the
+    // unique index, so concurrent producers of one key serialize instead of failing on a
+    // duplicate-key error (which would doom a caller's transaction under XACT_ABORT).
+    enqueueOne: `DECLARE @inserted TABLE ([Id] bigint NOT NULL);
+${reserveIds('1', sequence)}
+IF @idempotencyKey IS NULL
+  INSERT INTO ${jobs} ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
+  OUTPUT inserted.[Id] INTO @inserted ([Id])
+  VALUES (@firstId, @queue, 'ready', @payload, @priority, COALESCE(@runAt, ${shiftedNow('@delayMs', 1)}), @groupKey, NULL, @maxAttempts);
+ELSE
+  INSERT INTO ${jobs} ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
+  OUTPUT inserted.[Id] INTO @inserted ([Id])
+  SELECT @firstId, @queue, 'ready', @payload, @priority, COALESCE(@runAt, ${shiftedNow('@delayMs', 1)}), @groupKey, @idempotencyKey, @maxAttempts
+  WHERE NOT EXISTS (
+    SELECT 1 FROM ${jobs} WITH (UPDLOCK, HOLDLOCK)
+    WHERE [Queue] = @queue AND [IdempotencyKey] = @idempotencyKey);
+IF EXISTS (SELECT 1 FROM @inserted)
+  SELECT CAST([Id] AS varchar(20)) AS [Id], CAST(1 AS bit) AS [Created] FROM @inserted;
+ELSE
+  SELECT CAST([Id] AS varchar(20)) AS [Id], CAST(0 AS bit) AS [Created]
+  FROM ${jobs} WHERE [Queue] = @queue AND [IdempotencyKey] = @idempotencyKey;`,
+
+    // @jobs JobInputList with Ord = 0..n-1. A range of ids is reserved first, so every input row
+    // knows its id (first + Ord) whether or not it is inserted, and results come back in input
+    // order. The first row of a key within the batch is the one inserted; later ones get its id.
+    enqueueMany: `DECLARE @inserted TABLE ([Id] bigint NOT NULL PRIMARY KEY);
+DECLARE @count bigint = (SELECT COUNT_BIG(*) FROM @jobs);
+${reserveIds('@count', sequence)}
+INSERT INTO ${jobs} ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
+OUTPUT inserted.[Id] INTO @inserted ([Id])
+SELECT @firstId + i.[Ord], i.[Queue], 'ready', i.[Payload], i.[Priority],
+       COALESCE(i.[RunAt], DATEADD(millisecond, CAST(i.[DelayMs] % 1000 AS int), DATEADD(second, CAST(i.[DelayMs] / 1000 AS int), SYSUTCDATETIME()))),
+       i.[GroupKey], i.[IdempotencyKey], i.[MaxAttempts]
+FROM @jobs AS i
+WHERE i.[IdempotencyKey] IS NULL
+   OR (NOT EXISTS (SELECT 1 FROM @jobs AS d
+                   WHERE d.[Queue] = i.[Queue] AND d.[IdempotencyKey] = i.[IdempotencyKey] AND d.[Ord] < i.[Ord])
+       AND NOT EXISTS (SELECT 1 FROM ${jobs} AS j WITH (UPDLOCK, HOLDLOCK)
+                       WHERE j.[Queue] = i.[Queue] AND j.[IdempotencyKey] = i.[IdempotencyKey]));
+SELECT i.[Ord], CAST(COALESCE(n.[Id], e.[Id]) AS varchar(20)) AS [Id], CAST(CASE WHEN n.[Id] IS NULL THEN 0 ELSE 1 END AS bit) AS [Created]
+FROM @jobs AS i
+LEFT JOIN @inserted AS n ON n.[Id] = @firstId + i.[Ord]
+OUTER APPLY (SELECT TOP (1) j.[Id] FROM ${jobs} AS j
+             WHERE n.[Id] IS NULL AND j.[Queue] = i.[Queue] AND j.[IdempotencyKey] = i.[IdempotencyKey]) AS e
+ORDER BY i.[Ord];`,
+
+    // @limit, @leaseMs, @queue, @workerId. The seed's pattern: autocommit only; UPDLOCK so
+    // claimers coordinate, READPAST so they skip each other's rows, READCOMMITTEDLOCK so the
+    // read locks even where READ_COMMITTED_SNAPSHOT is on; the CTE is updated in place and the
+    // OUTPUT goes INTO a table variable (allowed with triggers present); NEWID() per row.
+    claim: `IF @@TRANCOUNT <> 0 OR (@@OPTIONS & 2) = 2
+  THROW 51001, N'nestjs-sql-queue: claim must run in autocommit mode, outside any transaction', 1;
+SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+DECLARE @claimed TABLE (
+  [Id] bigint NOT NULL, [Queue] nvarchar(128) NOT NULL, [Payload] nvarchar(max) NOT NULL, [Priority] int NOT NULL,
+  [GroupKey] nvarchar(255) NULL, [IdempotencyKey] nvarchar(255) NULL, [Attempts] int NOT NULL, [MaxAttempts] int NOT NULL,
+  [ClaimToken] uniqueidentifier NOT NULL, [CreatedAt] datetime2(3) NOT NULL, [ClaimedAt] datetime2(3) NOT NULL,
+  [LeaseUntil] datetime2(3) NOT NULL);
+WITH candidate AS (
+  SELECT TOP (@limit) *
+  FROM ${jobs} WITH (UPDLOCK, READPAST, READCOMMITTEDLOCK, ROWLOCK)
+  WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= SYSUTCDATETIME()
+  ORDER BY [Priority] DESC, [RunAt], [Id]
+)
+UPDATE candidate
+SET [State] = 'leased', [ClaimToken] = NEWID(), [Attempts] = [Attempts] + 1,
+    [LeaseUntil] = DATEADD(millisecond, @leaseMs, SYSUTCDATETIME()), [ClaimedAt] = SYSUTCDATETIME(), [WorkerId] = @workerId
+OUTPUT inserted.[Id], inserted.[Queue], inserted.[Payload], inserted.[Priority], inserted.[GroupKey], inserted.[IdempotencyKey],
+       inserted.[Attempts], inserted.[MaxAttempts], inserted.[ClaimToken], inserted.[CreatedAt], inserted.[ClaimedAt],
+       inserted.[LeaseUntil]
+INTO @claimed;
+SELECT CAST([Id] AS varchar(20)) AS [Id], [Queue], [Payload], [Priority], [GroupKey], [IdempotencyKey], [Attempts], [MaxAttempts],
+       CAST([ClaimToken] AS char(36)) AS [ClaimToken], [CreatedAt], [ClaimedAt], [LeaseUntil]
+FROM @claimed;`,
+
+    // @items HeartbeatList. The lease never runs past ClaimedAt + MaxMs.
+    heartbeat: `DECLARE @extended TABLE ([Id] bigint NOT NULL PRIMARY KEY, [LeaseUntil] datetime2(3) NOT NULL);
+UPDATE j
+SET [LeaseUntil] = CASE
+    WHEN i.[MaxMs] IS NULL OR DATEADD(millisecond, i.[LeaseMs], SYSUTCDATETIME()) < DATEADD(millisecond, i.[MaxMs], j.[ClaimedAt])
+      THEN DATEADD(millisecond, i.[LeaseMs], SYSUTCDATETIME())
+    ELSE DATEADD(millisecond, i.[MaxMs], j.[ClaimedAt]) END
+OUTPUT inserted.[Id], inserted.[LeaseUntil] INTO @extended ([Id], [LeaseUntil])
+FROM ${jobs} AS j
+INNER JOIN @items AS i ON j.[Id] = i.[Id] AND j.[ClaimToken] = i.[Token]
+WHERE j.[State] = 'leased';
+SELECT CAST(i.[Id] AS varchar(20)) AS [Id], e.[LeaseUntil]
+FROM @items AS i LEFT JOIN @extended AS e ON e.[Id] = i.[Id];`,
+
+    // @items OwnedJobList. The token stays on the done row, so a retried completion whose first
+    // reply was lost is recognised ('already') instead of reported as lost.
+    complete: `DECLARE @completed TABLE ([Id] bigint NOT NULL PRIMARY KEY);
+UPDATE j
+SET [State] = 'done', [FinishedAt] = SYSUTCDATETIME(), [LeaseUntil] = NULL
+OUTPUT inserted.[Id] INTO @completed ([Id])
+FROM ${jobs} AS j
+INNER JOIN @items AS i ON j.[Id] = i.[Id] AND j.[ClaimToken] = i.[Token]
+WHERE j.[State] = 'leased';
+SELECT CAST(i.[Id] AS varchar(20)) AS [Id],
+  CASE WHEN c.[Id] IS NOT NULL THEN 'ok'
+       WHEN EXISTS (SELECT 1 FROM ${jobs} AS d WHERE d.[Id] = i.[Id] AND d.[ClaimToken] = i.[Token] AND d.[State] = 'done') THEN 'already'
+       ELSE 'lost' END AS [Outcome]
+FROM @items AS i LEFT JOIN @completed AS c ON c.[Id] = i.[Id];`,
+
+    // @items FailureList. The state change and its attempt row commit together.
+    fail: `DECLARE @failed TABLE (
+  [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) NOT NULL, [State] varchar(8) NOT NULL, [Attempt] int NOT NULL,
+  [ClaimedAt] datetime2(3) NULL, [Token] uniqueidentifier NOT NULL);
+${atomically(`  UPDATE j
+  SET [State] = CASE WHEN i.[Dead] = 1 OR j.[Attempts] >= j.[MaxAttempts] THEN 'dead' ELSE 'ready' END,
+      [RunAt] = CASE WHEN i.[Dead] = 1 OR j.[Attempts] >= j.[MaxAttempts] THEN j.[RunAt]
+                     ELSE DATEADD(millisecond, i.[DelayMs], SYSUTCDATETIME()) END,
+      [FinishedAt] = CASE WHEN i.[Dead] = 1 OR j.[Attempts] >= j.[MaxAttempts] THEN SYSUTCDATETIME() ELSE NULL END,
+      [ClaimToken] = NULL, [LeaseUntil] = NULL, [LastError] = i.[Error]
+  OUTPUT inserted.[Id], inserted.[Queue], inserted.[State], inserted.[Attempts], inserted.[ClaimedAt], deleted.[ClaimToken]
+  INTO @failed ([Id], [Queue], [State], [Attempt], [ClaimedAt], [Token])
+  FROM ${jobs} AS j
+  INNER JOIN @items AS i ON j.[Id] = i.[Id] AND j.[ClaimToken] = i.[Token]
+  WHERE j.[State] = 'leased';
+  INSERT INTO ${attempts} ([JobId], [Queue], [Attempt], [Outcome], [Error], [Stack], [WorkerId], [ClaimToken], [StartedAt], [FinishedAt])
+  SELECT f.[Id], f.[Queue], f.[Attempt], 'failed', i.[Error], i.[Stack], i.[WorkerId], f.[Token], f.[ClaimedAt], SYSUTCDATETIME()
+  FROM @failed AS f INNER JOIN @items AS i ON i.[Id] = f.[Id];`)}
+SELECT CAST(i.[Id] AS varchar(20)) AS [Id], f.[State],
+  CASE WHEN f.[Id] IS NOT NULL THEN 'ok'
+       WHEN EXISTS (SELECT 1 FROM ${attempts} AS a WHERE a.[JobId] = i.[Id] AND a.[ClaimToken] = i.[Token] AND a.[Outcome] = 'failed') THEN 'already'
+       ELSE 'lost' END AS [Outcome]
+FROM @items AS i LEFT JOIN @failed AS f ON f.[Id] = i.[Id];`,
+
+    // @items OwnedJobList: leased but never started; the claim's attempt is given back.
+    release: `DECLARE @released TABLE ([Id] bigint NOT NULL PRIMARY KEY);
+UPDATE j
+SET [State] = 'ready', [Attempts] = CASE WHEN j.[Attempts] > 0 THEN j.[Attempts] - 1 ELSE 0 END, [ClaimToken] = NULL,
+    [LeaseUntil] = NULL, [ClaimedAt] = NULL, [WorkerId] = NULL
+OUTPUT inserted.[Id] INTO @released ([Id])
+FROM ${jobs} AS j
+INNER JOIN @items AS i ON j.[Id] = i.[Id] AND j.[ClaimToken] = i.[Token]
+WHERE j.[State] = 'leased';
+SELECT CAST(i.[Id] AS varchar(20)) AS [Id], CASE WHEN r.[Id] IS NOT NULL THEN 'ok' ELSE 'lost' END AS [Outcome]
+FROM @items AS i LEFT JOIN @released AS r ON r.[Id] = i.[Id];`,
+
+    // @batch. One conditional statement: lock expired leases (skipping rows another reaper
+    // holds; the locking read re-checks the predicate), void the token, record the attempt.
+    // RunAt is kept: the job keeps its place, and its waiting age keeps counting.
+    reap: `DECLARE @reaped TABLE (
+  [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) NOT NULL, [State] varchar(8) NOT NULL, [Attempt] int NOT NULL,
+  [Token] uniqueidentifier NULL, [WorkerId] nvarchar(255) NULL, [ClaimedAt] datetime2(3) NULL, [LastError] nvarchar(max) NULL);
+${atomically(`  WITH expired AS (
+    SELECT TOP (@batch) *
+    FROM ${jobs} WITH (UPDLOCK, READPAST, READCOMMITTEDLOCK, ROWLOCK)
+    WHERE [State] = 'leased' AND [LeaseUntil] < SYSUTCDATETIME()
+    ORDER BY [LeaseUntil]
+  )
+  UPDATE expired
+  SET [State] = CASE WHEN [Attempts] >= [MaxAttempts] THEN 'dead' ELSE 'ready' END,
+      [FinishedAt] = CASE WHEN [Attempts] >= [MaxAttempts] THEN SYSUTCDATETIME() ELSE NULL END,
+      [LastError] = CONCAT(N'lease expired at ', CONVERT(nvarchar(30), [LeaseUntil], 127), N'Z (worker ', COALESCE([WorkerId], N'unknown'), N')'),
+      [ClaimToken] = NULL, [LeaseUntil] = NULL
+  OUTPUT inserted.[Id], inserted.[Queue], inserted.[State], inserted.[Attempts], deleted.[ClaimToken], deleted.[WorkerId],
+         deleted.[ClaimedAt], inserted.[LastError]
+  INTO @reaped ([Id], [Queue], [State], [Attempt], [Token], [WorkerId], [ClaimedAt], [LastError]);
+  INSERT INTO ${attempts} ([JobId], [Queue], [Attempt], [Outcome], [Error], [Stack], [WorkerId], [ClaimToken], [StartedAt], [FinishedAt])
+  SELECT [Id], [Queue], [Attempt], 'lease-expired', [LastError], NULL, [WorkerId], [Token], [ClaimedAt], SYSUTCDATETIME()
+  FROM @reaped;`)}
+SELECT CAST([Id] AS varchar(20)) AS [Id], [Queue], [State], [Attempt] FROM @reaped;`,
+
+    hasClaimableWork: `SELECT CAST(CASE WHEN EXISTS (
+  SELECT 1 FROM ${jobs} WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= SYSUTCDATETIME()
+) THEN 1 ELSE 0 END AS bit) AS [HasWork];`,
+
+    // Each figure reads one filtered index, so the cost follows live rows, not history.
+    stats: `DECLARE @now datetime2(3) = SYSUTCDATETIME();
+SELECT
+  (SELECT COUNT_BIG(*) FROM ${jobs} WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= @now) AS [Ready],
+  (SELECT COUNT_BIG(*) FROM ${jobs} WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] > @now) AS [Delayed],
+  (SELECT COUNT_BIG(*) FROM ${jobs} WHERE [Queue] = @queue AND [State] = 'leased') AS [Leased],
+  (SELECT COUNT_BIG(*) FROM ${jobs} WHERE [Queue] = @queue AND [State] = 'leased' AND [LeaseUntil] < @now) AS [ExpiredLeases],
+  (SELECT COUNT_BIG(*) FROM ${jobs} WHERE [Queue] = @queue AND [State] = 'dead') AS [Dead],
+  (SELECT COUNT_BIG(*) FROM ${jobs} WHERE [Queue] = @queue AND [State] = 'ready' AND [Attempts] > 0) AS [Retrying],
+  (SELECT DATEDIFF_BIG(millisecond, MIN([RunAt]), @now) FROM ${jobs}
+     WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= @now) AS [OldestReadyAgeMs];`,
+
+    getJob: `SELECT ${JOB_COLUMNS} FROM ${jobs} WHERE [Id] = @id;`,
+
+    getAttempts: `SELECT [Attempt], [Outcome], [Error], [Stack], [WorkerId], [StartedAt], [FinishedAt]
+FROM ${attempts} WHERE [JobId] = @id
+UNION ALL
+SELECT [Attempts], 'completed', NULL, NULL, [WorkerId], [ClaimedAt], [FinishedAt]
+FROM ${jobs} WHERE [Id] = @id AND [State] = 'done'
+ORDER BY [FinishedAt], [Attempt];`,
+
+    // @queue, @afterId (null for the first page), @limit
+    listDead: `SELECT TOP (@limit) ${JOB_COLUMNS} FROM ${jobs}
+WHERE [Queue] = @queue AND [State] = 'dead' AND (@afterId IS NULL OR [Id] > @afterId)
+ORDER BY [Id];`,
+
+    // @queue, @ids IdList
+    retryDead: `DECLARE @retried TABLE ([Id] bigint NOT NULL PRIMARY KEY);
+UPDATE j
+SET [State] = 'ready', [Attempts] = 0, [RunAt] = SYSUTCDATETIME(), [FinishedAt] = NULL, [ClaimToken] = NULL
+OUTPUT inserted.[Id] INTO @retried ([Id])
+FROM ${jobs} AS j INNER JOIN @ids AS i ON i.[Id] = j.[Id]
+WHERE j.[Queue] = @queue AND j.[State] = 'dead';
+SELECT CAST([Id] AS varchar(20)) AS [Id] FROM @retried;`,
+
+    retryAllDead: `DECLARE @retried TABLE ([Id] bigint NOT NULL PRIMARY KEY);
+UPDATE ${jobs}
+SET [State] = 'ready', [Attempts] = 0, [RunAt] = SYSUTCDATETIME(), [FinishedAt] = NULL, [ClaimToken] = NULL
+OUTPUT inserted.[Id] INTO @retried ([Id])
+WHERE [Queue] = @queue AND [State] = 'dead';
+SELECT CAST([Id] AS varchar(20)) AS [Id] FROM @retried;`,
+
+    // @queue, @olderThanMs bigint (0 for all), @batch
+    purgeDead: `DELETE TOP (@batch) FROM ${jobs}
+WHERE [Queue] = @queue AND [State] = 'dead' AND [FinishedAt] <= ${shiftedNow('@olderThanMs', -1)};
+SELECT @@ROWCOUNT AS [Deleted];`,
+
+    // @doneMs, @keyMs, @deadMs (null: keep dead jobs), @batch; all bigint milliseconds
+    cleanup: `DECLARE @deleted int = 0;
+DELETE TOP (@batch) FROM ${jobs}
+WHERE [State] = 'done' AND [FinishedAt] < ${shiftedNow('@doneMs', -1)}
+  AND ([IdempotencyKey] IS NULL OR [FinishedAt] < ${shiftedNow('@keyMs', -1)});
+SET @deleted = @@ROWCOUNT;
+IF @deadMs IS NOT NULL
+BEGIN
+  DELETE TOP (@batch) FROM ${jobs}
+  WHERE [State] = 'dead' AND [FinishedAt] < ${shiftedNow('@deadMs', -1)}
+    AND ([IdempotencyKey] IS NULL OR [FinishedAt] < ${shiftedNow('@keyMs', -1)});
+  SET @deleted = @deleted + @@ROWCOUNT;
+END;
+SELECT @deleted AS [Deleted];`,
+
+    ping: 'SELECT 1 AS [Ok];',
+  };
+}

@@ -1,0 +1,490 @@
+import sql from 'mssql';
+import { SqlQueueSchemaError, SqlQueueTransactionError, SqlQueueValidationError } from '../../core/errors.js';
+import type { MigrationMode, QueueStore, SchemaStatus } from '../../core/queue-store.js';
+import type {
+  AttemptRecord,
+  CleanupRequest,
+  ClaimedJob,
+  ClaimRequest,
+  CompleteResult,
+  DeadJobPage,
+  EnqueueResult,
+  FailItem,
+  FailResult,
+  HeartbeatItem,
+  HeartbeatResult,
+  JobId,
+  JobRecord,
+  JobState,
+  NewJob,
+  OwnedJob,
+  OwnershipOutcome,
+  QueueStats,
+  ReapedJob,
+} from '../../core/types.js';
+import { assertSchemaName } from '../../core/validation.js';
+import { withTimeout } from '../store.util.js';
+import { isLockConflict, isTransientMssqlError } from './mssql.errors.js';
+import {
+  MSSQL_LATEST_VERSION,
+  MSSQL_MIGRATIONS,
+  mssqlBootstrap,
+  mssqlMigrationLock,
+  mssqlMigrationLockResource,
+  mssqlReadVersion,
+  mssqlRecordVersion,
+} from './mssql.migrations.js';
+import { MSSQL_TABLE_TYPES, mssqlQueries, type MssqlQueries } from './mssql.queries.js';
+
+const LOCK_CONFLICT_RETRIES = 3;
+const PURGE_BATCH = 5_000;
+const MIGRATION_LOCK_TIMEOUT_MS = 120_000;
+const IDEMPOTENT_ENQUEUE_ROUNDS = 3;
+/** THROW number raised by the claim when it finds an open transaction. */
+const CLAIM_IN_TRANSACTION = 51001;
+const INT_MAX = 2_147_483_647;
+
+type Row = Record<string, unknown>;
+type Bind = (request: sql.Request) => void;
+
+export class MssqlQueueStore implements QueueStore {
+  readonly dialect = 'mssql';
+  private readonly sql: MssqlQueries;
+  private connecting: Promise<sql.ConnectionPool> | null = null;
+
+  constructor(
+    private readonly pool: sql.ConnectionPool,
+    private readonly ownsPool: boolean,
+    readonly schema: string,
+  ) {
+    assertSchemaName(schema);
+    this.sql = mssqlQueries(schema);
+  }
+
+  /** Connects lazily and once; a pool the application connected itself is used as it is. */
+  private connected(): Promise<sql.ConnectionPool> {
+    if (this.pool.connected) return Promise.resolve(this.pool);
+    this.connecting ??= this.pool.connect().finally(() => {
+      this.connecting = null;
+    });
+    return this.connecting;
+  }
+
+  async migrate(mode: MigrationMode): Promise<SchemaStatus> {
+    if (mode === 'off') return { current: -1, latest: MSSQL_LATEST_VERSION };
+    const pool = await this.connected();
+    if (mode === 'check') {
+      const current = await this.readVersion(pool.request());
+      this.assertVersion(current, 'check');
+      return { current, latest: MSSQL_LATEST_VERSION };
+    }
+    const transaction = new sql.Transaction(pool);
+    await transaction.begin(sql.ISOLATION_LEVEL.READ_COMMITTED);
+    try {
+      await transaction
+        .request()
+        .input('resource', sql.NVarChar(255), mssqlMigrationLockResource(this.schema))
+        .input('timeoutMs', sql.Int, MIGRATION_LOCK_TIMEOUT_MS)
+        .batch(mssqlMigrationLock());
+      for (const batch of mssqlBootstrap(this.schema)) await transaction.request().batch(batch);
+      const current = await this.readVersion(transaction.request());
+      this.assertVersion(current, 'auto');
+      for (const migration of MSSQL_MIGRATIONS.filter((m) => m.version > current)) {
+        for (const batch of migration.batches(this.schema)) await transaction.request().batch(batch);
+        await transaction
+          .request()
+          .input('version', sql.Int, migration.version)
+          .input('description', sql.NVarChar(400), migration.description)
+          .query(mssqlRecordVersion(this.schema));
+      }
+      await transaction.commit();
+      return { current: MSSQL_LATEST_VERSION, latest: MSSQL_LATEST_VERSION };
+    } catch (error) {
+      await transaction.rollback().catch(() => undefined);
+      throw error;
+    }
+  }
+
+  private async readVersion(request: sql.Request): Promise<number> {
+    const result = await request.batch<{ Version: number }>(mssqlReadVersion(this.schema));
+    return Number(result.recordset?.[0]?.Version ?? 0);
+  }
+
+  private assertVersion(current: number, mode: 'auto' | 'check'): void {
+    if (current > MSSQL_LATEST_VERSION) {
+      throw new SqlQueueSchemaError(
+        `schema [${this.schema}] is at version ${current}, newer than this nestjs-sql-queue (knows up to ${MSSQL_LATEST_VERSION}): upgrade the package before running it against this database`,
+      );
+    }
+    if (mode === 'check' && current < MSSQL_LATEST_VERSION) {
+      throw new SqlQueueSchemaError(
+        `schema [${this.schema}] is at version ${current}, this nestjs-sql-queue needs ${MSSQL_LATEST_VERSION}: set migrations: 'auto', or apply the script from \`npx nestjs-sql-queue sql --dialect mssql --schema ${this.schema} --from ${current}\``,
+      );
+    }
+  }
+
+  async enqueue(jobs: readonly NewJob[], transaction?: unknown): Promise<EnqueueResult[]> {
+    if (jobs.length === 0) return [];
+    const callerTransaction = transaction === undefined ? null : asCallerTransaction(transaction);
+    const results: (EnqueueResult | undefined)[] = new Array(jobs.length);
+    let pending = jobs.map((job, ord) => ({ job, ord }));
+    for (let round = 0; pending.length > 0 && round < IDEMPOTENT_ENQUEUE_ROUNDS; round++) {
+      const batch = pending;
+      const rows =
+        batch.length === 1
+          ? (
+              await this.run<{ Id: string | null; Created: boolean }>(
+                'enqueueOne',
+                bindOne(batch[0]!.job),
+                callerTransaction,
+              )
+            ).map((row) => ({ ...row, Ord: 0 }))
+          : await this.run<{ Ord: number; Id: string | null; Created: boolean }>(
+              'enqueueMany',
+              (request) => request.input('jobs', this.jobInputTable(batch.map(({ job }) => job))),
+              callerTransaction,
+            );
+      pending = [];
+      const answered = new Set<number>();
+      for (const row of rows) {
+        const item = batch[row.Ord]!;
+        answered.add(row.Ord);
+        // A null id: the conflicting job was deleted between our insert and our lookup.
+        if (row.Id === null) pending.push(item);
+        else results[item.ord] = { jobId: row.Id, created: Boolean(row.Created) };
+      }
+      for (let ord = 0; ord < batch.length; ord++) if (!answered.has(ord)) pending.push(batch[ord]!);
+    }
+    if (pending.length > 0) throw new Error('idempotent enqueue did not settle: keys kept being deleted');
+    return results as EnqueueResult[];
+  }
+
+  private jobInputTable(jobs: readonly NewJob[]): sql.Table {
+    const table = new sql.Table(`${this.schema}.${MSSQL_TABLE_TYPES.jobInput}`);
+    table.columns.add('Ord', sql.Int, { nullable: false });
+    table.columns.add('Queue', sql.NVarChar(128), { nullable: false });
+    table.columns.add('Payload', sql.NVarChar(sql.MAX), { nullable: false });
+    table.columns.add('Priority', sql.Int, { nullable: false });
+    table.columns.add('RunAt', sql.DateTime2(3), { nullable: true });
+    table.columns.add('DelayMs', sql.BigInt, { nullable: false });
+    table.columns.add('GroupKey', sql.NVarChar(255), { nullable: true });
+    table.columns.add('IdempotencyKey', sql.NVarChar(255), { nullable: true });
+    table.columns.add('MaxAttempts', sql.Int, { nullable: false });
+    jobs.forEach((job, ord) =>
+      table.rows.add(
+        ord,
+        job.queue,
+        job.payload,
+        job.priority,
+        job.runAt,
+        job.delayMs,
+        job.groupKey,
+        job.idempotencyKey,
+        job.maxAttempts,
+      ),
+    );
+    return table;
+  }
+
+  private ownedTable(items: readonly OwnedJob[]): sql.Table {
+    const table = new sql.Table(`${this.schema}.${MSSQL_TABLE_TYPES.owned}`);
+    table.columns.add('Id', sql.BigInt, { nullable: false });
+    table.columns.add('Token', sql.UniqueIdentifier, { nullable: false });
+    for (const item of items) table.rows.add(item.id, item.claimToken);
+    return table;
+  }
+
+  async claim(request: ClaimRequest): Promise<ClaimedJob[]> {
+    let rows: Row[];
+    try {
+      rows = await this.run<Row>('claim', (r) =>
+        r
+          .input('queue', sql.NVarChar(128), request.queue)
+          .input('limit', sql.Int, request.limit)
+          .input('leaseMs', sql.Int, Math.min(request.leaseMs, INT_MAX))
+          .input('workerId', sql.NVarChar(255), request.workerId),
+      );
+    } catch (error) {
+      if (errorNumber(error) === CLAIM_IN_TRANSACTION) {
+        throw new SqlQueueTransactionError(
+          'claim refused: the connection has an open transaction (or IMPLICIT_TRANSACTIONS on); the claim must run in autocommit so its locks are released at once',
+          { cause: error },
+        );
+      }
+      throw error;
+    }
+    return rows.map((row) => ({
+      id: row.Id as string,
+      queue: row.Queue as string,
+      payload: JSON.parse(row.Payload as string),
+      priority: Number(row.Priority),
+      groupKey: (row.GroupKey as string | null) ?? null,
+      idempotencyKey: (row.IdempotencyKey as string | null) ?? null,
+      attempt: Number(row.Attempts),
+      maxAttempts: Number(row.MaxAttempts),
+      claimToken: (row.ClaimToken as string).toLowerCase(),
+      enqueuedAt: row.CreatedAt as Date,
+      claimedAt: row.ClaimedAt as Date,
+      leaseUntil: row.LeaseUntil as Date,
+    }));
+  }
+
+  async heartbeat(items: readonly HeartbeatItem[]): Promise<HeartbeatResult[]> {
+    if (items.length === 0) return [];
+    const table = new sql.Table(`${this.schema}.${MSSQL_TABLE_TYPES.heartbeat}`);
+    table.columns.add('Id', sql.BigInt, { nullable: false });
+    table.columns.add('Token', sql.UniqueIdentifier, { nullable: false });
+    table.columns.add('LeaseMs', sql.Int, { nullable: false });
+    table.columns.add('MaxMs', sql.Int, { nullable: true });
+    for (const item of items) {
+      table.rows.add(
+        item.id,
+        item.claimToken,
+        Math.min(item.leaseMs, INT_MAX),
+        item.maxDurationMs === null ? null : Math.min(item.maxDurationMs, INT_MAX),
+      );
+    }
+    const rows = await this.run<{ Id: string; LeaseUntil: Date | null }>('heartbeat', (r) => r.input('items', table));
+    return rows.map((row) => ({ id: row.Id, outcome: row.LeaseUntil ? 'ok' : 'lost', leaseUntil: row.LeaseUntil }));
+  }
+
+  async complete(items: readonly OwnedJob[]): Promise<CompleteResult[]> {
+    if (items.length === 0) return [];
+    const rows = await this.run<{ Id: string; Outcome: OwnershipOutcome }>('complete', (r) =>
+      r.input('items', this.ownedTable(items)),
+    );
+    return rows.map((row) => ({ id: row.Id, outcome: row.Outcome }));
+  }
+
+  async fail(items: readonly FailItem[]): Promise<FailResult[]> {
+    if (items.length === 0) return [];
+    const table = new sql.Table(`${this.schema}.${MSSQL_TABLE_TYPES.failure}`);
+    table.columns.add('Id', sql.BigInt, { nullable: false });
+    table.columns.add('Token', sql.UniqueIdentifier, { nullable: false });
+    table.columns.add('Error', sql.NVarChar(sql.MAX), { nullable: true });
+    table.columns.add('Stack', sql.NVarChar(sql.MAX), { nullable: true });
+    table.columns.add('DelayMs', sql.Int, { nullable: false });
+    table.columns.add('Dead', sql.Bit, { nullable: false });
+    table.columns.add('WorkerId', sql.NVarChar(255), { nullable: true });
+    for (const item of items) {
+      table.rows.add(
+        item.id,
+        item.claimToken,
+        item.error,
+        item.stack,
+        Math.min(Math.max(0, Math.round(item.retryDelayMs)), INT_MAX),
+        item.dead,
+        item.workerId,
+      );
+    }
+    const rows = await this.run<{ Id: string; Outcome: OwnershipOutcome; State: 'ready' | 'dead' | null }>(
+      'fail',
+      (r) => r.input('items', table),
+    );
+    return rows.map((row) => ({ id: row.Id, outcome: row.Outcome, state: row.State ?? null }));
+  }
+
+  async release(items: readonly OwnedJob[]): Promise<CompleteResult[]> {
+    if (items.length === 0) return [];
+    const rows = await this.run<{ Id: string; Outcome: OwnershipOutcome }>('release', (r) =>
+      r.input('items', this.ownedTable(items)),
+    );
+    return rows.map((row) => ({ id: row.Id, outcome: row.Outcome }));
+  }
+
+  async reap(batchSize: number): Promise<ReapedJob[]> {
+    const rows = await this.run<{ Id: string; Queue: string; State: 'ready' | 'dead'; Attempt: number }>('reap', (r) =>
+      r.input('batch', sql.Int, batchSize),
+    );
+    return rows.map((row) => ({ id: row.Id, queue: row.Queue, state: row.State, attempt: Number(row.Attempt) }));
+  }
+
+  async hasClaimableWork(queue: string): Promise<boolean> {
+    const rows = await this.run<{ HasWork: boolean }>('hasClaimableWork', (r) =>
+      r.input('queue', sql.NVarChar(128), queue),
+    );
+    return Boolean(rows[0]?.HasWork);
+  }
+
+  async stats(queue: string): Promise<QueueStats> {
+    const rows = await this.run<Record<string, string | number | null>>('stats', (r) =>
+      r.input('queue', sql.NVarChar(128), queue),
+    );
+    const row = rows[0]!;
+    return {
+      queue,
+      ready: Number(row.Ready),
+      delayed: Number(row.Delayed),
+      leased: Number(row.Leased),
+      expiredLeases: Number(row.ExpiredLeases),
+      dead: Number(row.Dead),
+      retrying: Number(row.Retrying),
+      oldestReadyAgeMs: Math.max(0, Number(row.OldestReadyAgeMs ?? 0)),
+    };
+  }
+
+  async getJob(id: JobId): Promise<JobRecord | null> {
+    const rows = await this.run<Row>('getJob', (r) => r.input('id', sql.BigInt, id));
+    return rows[0] ? toJobRecord(rows[0]) : null;
+  }
+
+  async getAttempts(id: JobId): Promise<AttemptRecord[]> {
+    const rows = await this.run<Row>('getAttempts', (r) => r.input('id', sql.BigInt, id));
+    return rows.map((row) => ({
+      attempt: Number(row.Attempt),
+      outcome: row.Outcome as AttemptRecord['outcome'],
+      error: (row.Error as string | null) ?? null,
+      stack: (row.Stack as string | null) ?? null,
+      workerId: (row.WorkerId as string | null) ?? null,
+      startedAt: (row.StartedAt as Date | null) ?? null,
+      finishedAt: row.FinishedAt as Date,
+    }));
+  }
+
+  async listDead(queue: string, page: { limit: number; afterId?: JobId | null }): Promise<DeadJobPage> {
+    const rows = await this.run<Row>('listDead', (r) =>
+      r
+        .input('queue', sql.NVarChar(128), queue)
+        .input('afterId', sql.BigInt, page.afterId ?? null)
+        .input('limit', sql.Int, page.limit),
+    );
+    const jobs = rows.map(toJobRecord);
+    return { jobs, nextAfterId: jobs.length === page.limit ? jobs[jobs.length - 1]!.id : null };
+  }
+
+  async retryDead(queue: string, ids: readonly JobId[] | 'all'): Promise<JobId[]> {
+    if (ids === 'all') {
+      const rows = await this.run<{ Id: string }>('retryAllDead', (r) => r.input('queue', sql.NVarChar(128), queue));
+      return rows.map((row) => row.Id);
+    }
+    if (ids.length === 0) return [];
+    const table = new sql.Table(`${this.schema}.${MSSQL_TABLE_TYPES.ids}`);
+    table.columns.add('Id', sql.BigInt, { nullable: false });
+    for (const id of new Set(ids)) table.rows.add(id);
+    const rows = await this.run<{ Id: string }>('retryDead', (r) =>
+      r.input('queue', sql.NVarChar(128), queue).input('ids', table),
+    );
+    return rows.map((row) => row.Id);
+  }
+
+  async purgeDead(queue: string, options?: { olderThanMs?: number }): Promise<number> {
+    let total = 0;
+    for (;;) {
+      const rows = await this.run<{ Deleted: number }>('purgeDead', (r) =>
+        r
+          .input('queue', sql.NVarChar(128), queue)
+          .input('olderThanMs', sql.BigInt, options?.olderThanMs ?? 0)
+          .input('batch', sql.Int, PURGE_BATCH),
+      );
+      const deleted = Number(rows[0]?.Deleted ?? 0);
+      total += deleted;
+      if (deleted < PURGE_BATCH) return total;
+    }
+  }
+
+  async cleanup(request: CleanupRequest): Promise<number> {
+    const rows = await this.run<{ Deleted: number }>('cleanup', (r) =>
+      r
+        .input('doneMs', sql.BigInt, request.doneRetentionMs)
+        .input('keyMs', sql.BigInt, request.idempotencyRetentionMs)
+        .input('deadMs', sql.BigInt, request.deadRetentionMs)
+        .input('batch', sql.Int, request.batchSize),
+    );
+    return Number(rows[0]?.Deleted ?? 0);
+  }
+
+  async ping(timeoutMs: number): Promise<void> {
+    await withTimeout(
+      this.connected().then((pool) => pool.request().query(this.sql.ping)),
+      timeoutMs,
+      'database ping',
+    );
+  }
+
+  isTransientError(error: unknown): boolean {
+    return isTransientMssqlError(error);
+  }
+
+  async close(): Promise<void> {
+    if (this.ownsPool) await this.pool.close();
+  }
+
+  /**
+   * Runs one named statement. On the store's own connections a deadlock or lock timeout is
+   * retried a few times: every statement here either runs in autocommit or in its own
+   * transaction, so the server rolled it back whole. In a caller's transaction the error is
+   * rethrown: the server rolled back the caller's work, which only the caller can redo.
+   */
+  private async run<R>(name: keyof MssqlQueries, bind: Bind, transaction: sql.Transaction | null = null): Promise<R[]> {
+    const pool = transaction ? null : await this.connected();
+    for (let attempt = 1; ; attempt++) {
+      const request = transaction ? new sql.Request(transaction) : pool!.request();
+      bind(request);
+      try {
+        const result = await request.query<R>(this.sql[name]);
+        return (result.recordset ?? []) as R[];
+      } catch (error) {
+        if (transaction || attempt >= LOCK_CONFLICT_RETRIES || !isLockConflict(error)) throw error;
+        await new Promise((resolve) => setTimeout(resolve, 5 + Math.random() * 20 * attempt));
+      }
+    }
+  }
+}
+
+function bindOne(job: NewJob): Bind {
+  return (request) =>
+    request
+      .input('queue', sql.NVarChar(128), job.queue)
+      .input('payload', sql.NVarChar(sql.MAX), job.payload)
+      .input('priority', sql.Int, job.priority)
+      .input('runAt', sql.DateTime2(3), job.runAt)
+      .input('delayMs', sql.BigInt, job.delayMs)
+      .input('groupKey', sql.NVarChar(255), job.groupKey)
+      .input('idempotencyKey', sql.NVarChar(255), job.idempotencyKey)
+      .input('maxAttempts', sql.Int, job.maxAttempts);
+}
+
+/** The caller's transaction: an mssql Transaction on which begin() was awaited. */
+function asCallerTransaction(transaction: unknown): sql.Transaction {
+  if (transaction instanceof sql.Transaction) return transaction;
+  const candidate = transaction as { begin?: unknown; commit?: unknown; rollback?: unknown; request?: unknown } | null;
+  if (
+    candidate &&
+    typeof candidate.begin === 'function' &&
+    typeof candidate.commit === 'function' &&
+    typeof candidate.request === 'function'
+  ) {
+    return candidate as unknown as sql.Transaction;
+  }
+  throw new SqlQueueValidationError(
+    'transaction must be an mssql Transaction on which begin() was awaited (new sql.Transaction(pool))',
+  );
+}
+
+function errorNumber(error: unknown): number | undefined {
+  const candidate = error as { number?: unknown; originalError?: { info?: { number?: unknown } } } | null;
+  const value = candidate?.number ?? candidate?.originalError?.info?.number;
+  return typeof value === 'number' ? value : undefined;
+}
+
+function toJobRecord(row: Row): JobRecord {
+  return {
+    id: row.Id as string,
+    queue: row.Queue as string,
+    state: row.State as JobState,
+    payload: JSON.parse(row.Payload as string),
+    priority: Number(row.Priority),
+    runAt: row.RunAt as Date,
+    groupKey: (row.GroupKey as string | null) ?? null,
+    idempotencyKey: (row.IdempotencyKey as string | null) ?? null,
+    attempts: Number(row.Attempts),
+    maxAttempts: Number(row.MaxAttempts),
+    claimToken: row.ClaimToken ? (row.ClaimToken as string).toLowerCase() : null,
+    leaseUntil: (row.LeaseUntil as Date | null) ?? null,
+    workerId: (row.WorkerId as string | null) ?? null,
+    createdAt: row.CreatedAt as Date,
+    claimedAt: (row.ClaimedAt as Date | null) ?? null,
+    finishedAt: (row.FinishedAt as Date | null) ?? null,
+    lastError: (row.LastError as string | null) ?? null,
+  };
+}

@@ -1,0 +1,49 @@
+import { describe, expect, it } from 'vitest';
+import {
+  MSSQL_MIGRATIONS,
+  mssqlBootstrap,
+  mssqlInstallScript,
+  mssqlMigrationLock,
+  mssqlReadVersion,
+  mssqlRecordVersion,
+} from '../../lib/src/store/mssql/mssql.migrations.js';
+import { mssqlQueries } from '../../lib/src/store/mssql/mssql.queries.js';
+import { checkTsqlWithKnownGaps } from '../helpers/tsql-grammar.js';
+
+/** Every batch the SQL Server store can send, for a default and an unusual (valid) schema name. */
+function everyBatch(schema: string): [string, string][] {
+  const batches: [string, string][] = Object.entries(mssqlQueries(schema)).map(([name, text]) => [
+    `query ${name}`,
+    text,
+  ]);
+  mssqlBootstrap(schema).forEach((text, i) => batches.push([`bootstrap ${i}`, text]));
+  for (const migration of MSSQL_MIGRATIONS) {
+    migration.batches(schema).forEach((text, i) => batches.push([`migration ${migration.version}.${i}`, text]));
+  }
+  batches.push(['migration lock', mssqlMigrationLock()]);
+  batches.push(['read version', mssqlReadVersion(schema)]);
+  batches.push(['record version', mssqlRecordVersion(schema)]);
+  mssqlInstallScript(schema)
+    .split(/^GO$/m)
+    .forEach((text, i) => batches.push([`install script batch ${i}`, text]));
+  return batches;
+}
+
+describe('every T-SQL batch the SQL Server store emits parses as T-SQL', () => {
+  for (const schema of ['sqlqueue', 'Queue_Schema_2']) {
+    for (const [name, text] of everyBatch(schema)) {
+      it(`${name} (schema ${schema})`, () => {
+        expect(checkTsqlWithKnownGaps(text).errors).toEqual([]);
+      });
+    }
+  }
+
+  it('the gate rejects a store statement that a PostgreSQL habit broke', () => {
+    const claim = mssqlQueries('sqlqueue').claim;
+    const broken = claim
+      .replace('SELECT TOP (@limit) *', 'SELECT *')
+      .replace('ORDER BY [Priority] DESC, [RunAt], [Id]', 'ORDER BY [Priority] DESC LIMIT @limit');
+    expect(broken).not.toBe(claim);
+    expect(checkTsqlWithKnownGaps(broken).errors).not.toEqual([]);
+  });
+});
