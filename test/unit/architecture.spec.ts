@@ -12,8 +12,9 @@ function sourceFiles(dir: string): string[] {
   });
 }
 
+/** Runtime imports only: `import type` is erased at compile time and loads nothing. */
 function importsOf(file: string): string[] {
-  const text = readFileSync(file, 'utf8');
+  const text = readFileSync(file, 'utf8').replace(/^import type [^;]*;$/gm, '');
   return [...text.matchAll(/(?:import|export)\s[^'"]*?from\s+['"]([^'"]+)['"]|import\(\s*['"]([^'"]+)['"]\s*\)/g)].map(
     (m) => (m[1] ?? m[2])!,
   );

@@ -172,7 +172,12 @@ export function mssqlRecordVersion(schema: string): string {
 export function mssqlInstallScript(schema: string, fromVersion = 0): string {
   const s = quoteMssqlIdentifier(schema);
   const out = [
-    `-- nestjs-sql-queue schema for SQL Server, versions ${fromVersion + 1}..${MSSQL_LATEST_VERSION}, schema ${schema}`,
+    fromVersion >= MSSQL_LATEST_VERSION
+      ? `-- nestjs-sql-queue schema for SQL Server, schema ${schema}: already at version ${MSSQL_LATEST_VERSION}, nothing to apply`
+      : `-- nestjs-sql-queue schema for SQL Server, versions ${fromVersion + 1}..${MSSQL_LATEST_VERSION}, schema ${schema}`,
+    // Filtered indexes need these session settings; sqlcmd defaults QUOTED_IDENTIFIER to OFF.
+    'SET QUOTED_IDENTIFIER ON;',
+    'SET ANSI_NULLS ON;',
     'SET XACT_ABORT ON;',
     'BEGIN TRANSACTION;',
     'GO',

@@ -1,6 +1,7 @@
 import type { PGlite } from '@electric-sql/pglite';
 import pg from 'pg';
 import { SqlQueueValidationError } from '../../core/errors.js';
+import { quotePgIdentifier } from './postgres.identifiers.js';
 
 export interface PgRows<R> {
   rows: R[];
@@ -22,10 +23,6 @@ export interface PgDriver extends PgQueryable {
   transaction<T>(work: (client: PgQueryable) => Promise<T>): Promise<T>;
   listen(channel: string, onMessage: (payload: string) => void): Promise<() => Promise<void>>;
   close(): Promise<void>;
-}
-
-export function quotePgIdentifier(name: string): string {
-  return `"${name.replace(/"/g, '""')}"`;
 }
 
 export class NodePgDriver implements PgDriver {

@@ -1,4 +1,4 @@
-import { quotePgIdentifier } from './postgres.driver.js';
+import { quotePgIdentifier } from './postgres.identifiers.js';
 
 export interface PgMigration {
   version: number;
@@ -98,7 +98,9 @@ export function pgMigrationLockKey(schema: string): string {
 export function pgInstallScript(schema: string, fromVersion = 0): string {
   const s = quotePgIdentifier(schema);
   const lines = [
-    `-- nestjs-sql-queue schema for PostgreSQL, versions ${fromVersion + 1}..${PG_LATEST_VERSION}, schema ${schema}`,
+    fromVersion >= PG_LATEST_VERSION
+      ? `-- nestjs-sql-queue schema for PostgreSQL, schema ${schema}: already at version ${PG_LATEST_VERSION}, nothing to apply`
+      : `-- nestjs-sql-queue schema for PostgreSQL, versions ${fromVersion + 1}..${PG_LATEST_VERSION}, schema ${schema}`,
     'BEGIN;',
     `SELECT pg_advisory_xact_lock(hashtext('${pgMigrationLockKey(schema)}'));`,
     ...pgBootstrap(schema).map((statement) => `${statement};`),

@@ -1,4 +1,4 @@
-import { quotePgIdentifier } from './postgres.driver.js';
+import { quotePgIdentifier } from './postgres.identifiers.js';
 
 /**
  * PostgreSQL statements, one function each. Values are always bound parameters; the only

@@ -1,0 +1,123 @@
+import { randomBytes } from 'node:crypto';
+import { hostname } from 'node:os';
+import type { Clock } from './clock.js';
+import { SqlQueueConfigError } from './errors.js';
+import type { QueueEventListener } from './events.js';
+import type { JobHandler } from './handler.js';
+import type { QueueLogger } from './logger.js';
+import type { ResolvedQueueOptions } from './options.js';
+import { QueueConsumer, type QueueConsumerSnapshot } from './queue-consumer.js';
+import type { QueueStore } from './queue-store.js';
+import type { WakeBus } from './wake.js';
+
+export interface ConsumerDeps {
+  store: QueueStore;
+  clock: Clock;
+  logger: QueueLogger;
+  listeners: readonly QueueEventListener[];
+  wakeBus: WakeBus;
+  workerId: string;
+  activationIntervalMs: number;
+  activationQuietMs: number;
+  /** Listen for wake-ups from other processes when the store offers a channel (default true). */
+  listenForWakeups?: boolean;
+  random?: () => number;
+}
+
+export interface ConsumerSnapshot {
+  running: boolean;
+  startedAt: number | null;
+  queues: QueueConsumerSnapshot[];
+}
+
+/** host:pid:random — unique per process start, readable in job rows and attempt history. */
+export function defaultWorkerId(): string {
+  return `${hostname()}:${process.pid}:${randomBytes(3).toString('hex')}`;
+}
+
+/**
+ * All queues consumed by this process. Framework-free: the Nest consumer host builds one from
+ * discovered handlers, and the failure drills drive one directly in child processes.
+ */
+export class SqlQueueConsumer {
+  private readonly queues = new Map<string, QueueConsumer>();
+  private readonly unsubscribes: (() => void)[] = [];
+  private stopListening: (() => Promise<void>) | null = null;
+  private state: 'idle' | 'running' | 'stopping' | 'stopped' = 'idle';
+  private startedAt: number | null = null;
+
+  constructor(private readonly deps: ConsumerDeps) {}
+
+  register(options: ResolvedQueueOptions, handler: JobHandler): void {
+    if (this.state !== 'idle') throw new SqlQueueConfigError('handlers must be registered before the consumer starts');
+    if (this.queues.has(options.queue)) {
+      throw new SqlQueueConfigError(`queue '${options.queue}' already has a handler in this process`);
+    }
+    this.queues.set(options.queue, new QueueConsumer(this.deps, options, handler));
+  }
+
+  get queueNames(): string[] {
+    return [...this.queues.keys()];
+  }
+
+  async start(): Promise<void> {
+    if (this.state !== 'idle') return;
+    this.state = 'running';
+    this.startedAt = this.deps.clock.now();
+    for (const consumer of this.queues.values()) {
+      this.unsubscribes.push(this.deps.wakeBus.subscribe(consumer.queue, () => consumer.wake()));
+    }
+    if (this.queues.size > 0 && this.deps.listenForWakeups !== false && this.deps.store.listen) {
+      try {
+        this.stopListening = await this.deps.store.listen((queue) => this.queues.get(queue)?.wake());
+      } catch (error) {
+        // Wake-ups are an optimization; polling still finds the work.
+        this.deps.logger.warn(`cross-process wake-ups unavailable, relying on polling: ${(error as Error).message}`);
+      }
+    }
+    for (const consumer of this.queues.values()) consumer.start();
+    if (this.queues.size > 0) {
+      this.deps.logger.log(
+        `consuming ${[...this.queues.values()]
+          .map((c) => `'${c.queue}' (${c.options.minReaders}..${c.options.maxReaders} readers)`)
+          .join(', ')} as worker ${this.deps.workerId}`,
+      );
+    }
+  }
+
+  /** Graceful: stop claiming, drain running handlers up to `timeoutMs`, abort the rest. */
+  async stop(timeoutMs: number): Promise<void> {
+    if (this.state !== 'running') {
+      this.state = 'stopped';
+      return;
+    }
+    this.state = 'stopping';
+    for (const unsubscribe of this.unsubscribes.splice(0)) unsubscribe();
+    const results = await Promise.all(
+      [...this.queues.values()].map(async (consumer) => ({
+        queue: consumer.queue,
+        ...(await consumer.stop(timeoutMs)),
+      })),
+    );
+    await this.stopListening?.().catch(() => undefined);
+    this.state = 'stopped';
+    for (const r of results) {
+      if (r.finished + r.aborted + r.released === 0) continue;
+      this.deps.logger.log(
+        `queue '${r.queue}' stopped: ${r.finished} running job(s) finished, ${r.aborted} aborted after ${timeoutMs} ms, ${r.released} prefetched job(s) released`,
+      );
+    }
+  }
+
+  wake(queue: string): void {
+    this.queues.get(queue)?.wake();
+  }
+
+  snapshot(): ConsumerSnapshot {
+    return {
+      running: this.state === 'running',
+      startedAt: this.startedAt,
+      queues: [...this.queues.values()].map((c) => c.snapshot()),
+    };
+  }
+}

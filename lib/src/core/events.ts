@@ -1,0 +1,41 @@
+import type { OwnershipOutcome } from './types.js';
+
+/**
+ * What the engine reports as it runs, for metrics and tests. Every callback is optional and
+ * must not throw (a throwing listener is caught and ignored).
+ */
+export interface QueueEventListener {
+  claimed?(event: { queue: string; count: number; limit: number; durationMs: number }): void;
+  emptyClaim?(event: { queue: string }): void;
+  completed?(event: {
+    queue: string;
+    jobId: string;
+    attempt: number;
+    /** Enqueue to completion, on the engine clock against the database's created time. */
+    enqueueToDoneMs: number;
+    claimToDoneMs: number;
+  }): void;
+  failed?(event: { queue: string; jobId: string; attempt: number; dead: boolean; error: string }): void;
+  lostOwnership?(event: {
+    queue: string;
+    jobId: string;
+    during: 'heartbeat' | 'complete' | 'fail' | 'release';
+    outcome: OwnershipOutcome;
+  }): void;
+  readersChanged?(event: { queue: string; readers: number; reason: 'start' | 'activation' | 'retire' | 'stop' }): void;
+  abandoned?(event: { queue: string; jobId: string }): void;
+}
+
+export function safeEmit<K extends keyof QueueEventListener>(
+  listeners: readonly QueueEventListener[],
+  name: K,
+  event: Parameters<NonNullable<QueueEventListener[K]>>[0],
+): void {
+  for (const listener of listeners) {
+    try {
+      (listener[name] as ((e: typeof event) => void) | undefined)?.(event);
+    } catch {
+      // A metrics listener must never break job processing.
+    }
+  }
+}

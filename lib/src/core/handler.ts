@@ -1,0 +1,28 @@
+import type { JobId } from './types.js';
+
+/** What a handler knows about the job it runs. */
+export interface JobContext {
+  jobId: JobId;
+  queue: string;
+  /** 1 for the first run. Lease expiries count as attempts too. */
+  attempt: number;
+  maxAttempts: number;
+  /** The business id given at enqueue; pass it to receivers that deduplicate. */
+  idempotencyKey: string | null;
+  groupKey: string | null;
+  enqueuedAt: Date;
+  claimedAt: Date;
+  /**
+   * Aborts when the job must stop: its lease was lost, it ran past `maxDurationMs`, or the
+   * application is shutting down. `signal.reason` is the matching SqlQueue error.
+   */
+  signal: AbortSignal;
+  /**
+   * Renews the lease now (by `ms`, default the queue's lease), for a handler about to enter a
+   * long step. Rejects with SqlQueueLeaseLostError if the job is no longer this worker's.
+   */
+  extendLease(ms?: number): Promise<void>;
+}
+
+/** A job handler as the engine sees it; the Nest layer adapts `@QueueHandler` classes to it. */
+export type JobHandler = (payload: unknown, context: JobContext) => Promise<void>;

@@ -1,0 +1,272 @@
+import type { Clock } from './clock.js';
+import { safeEmit, type QueueEventListener } from './events.js';
+import { ThrottledErrorLog, type QueueLogger } from './logger.js';
+import type { ResolvedQueueOptions } from './options.js';
+import type { QueueStore } from './queue-store.js';
+import type { ClaimedJob } from './types.js';
+
+/** A job this process holds a lease on, from claim until its outcome is recorded. */
+export interface HeldJob {
+  job: ClaimedJob;
+  controller: AbortController;
+  /** Engine clock when the claim was sent: a lower bound for the lease's start. */
+  claimedAtLocal: number;
+  renewedAtLocal: number;
+  /** Conservative local estimate of when the lease ends if not renewed. */
+  localLeaseUntil: number;
+  /** A heartbeat found the token gone. */
+  lost: boolean;
+  timedOut: boolean;
+  shutdownAborted: boolean;
+}
+
+interface Pending {
+  held: HeldJob;
+  /** After this (engine clock), stop retrying: the lease has run out and the job will run again. */
+  giveUpAt: number;
+}
+
+interface PendingFailure extends Pending {
+  error: unknown;
+  delayMs: number;
+  dead: boolean;
+}
+
+export interface AckerDeps {
+  store: QueueStore;
+  clock: Clock;
+  logger: QueueLogger;
+  listeners: readonly QueueEventListener[];
+  workerId: string;
+}
+
+const MAX_BATCH = 500;
+const RETRY_MIN_MS = 50;
+const RETRY_MAX_MS = 2_000;
+const ERROR_TEXT_LIMIT = 8_000;
+const STACK_TEXT_LIMIT = 16_000;
+
+/**
+ * Records outcomes in batches: whatever completions and failures arrive while one statement
+ * is in flight go together in the next, so throughput is not capped by one round trip per
+ * job. Every item is still checked on its own token. A statement that fails on a connection
+ * error is retried (a lost reply is answered 'already' on retry); once the lease must have
+ * run out the item is dropped, and the job comes back through the reaper.
+ */
+export class JobAcker {
+  private completes: Pending[] = [];
+  private failures: PendingFailure[] = [];
+  private releases: Pending[] = [];
+  private flushing: Promise<void> | null = null;
+  private retryDelayMs = RETRY_MIN_MS;
+  private readonly errors: ThrottledErrorLog;
+
+  constructor(
+    private readonly deps: AckerDeps,
+    private readonly options: ResolvedQueueOptions,
+    private readonly onSettled: (held: HeldJob) => void,
+  ) {
+    this.errors = new ThrottledErrorLog(deps.logger, `recording job outcomes in queue '${options.queue}'`, () =>
+      deps.clock.now(),
+    );
+  }
+
+  complete(held: HeldJob): void {
+    this.completes.push({ held, giveUpAt: this.giveUpAt() });
+    this.schedule();
+  }
+
+  fail(held: HeldJob, error: unknown, delayMs: number, dead: boolean): void {
+    this.failures.push({ held, giveUpAt: this.giveUpAt(), error, delayMs, dead });
+    this.schedule();
+  }
+
+  release(helds: readonly HeldJob[]): void {
+    if (helds.length === 0) return;
+    for (const held of helds) this.releases.push({ held, giveUpAt: this.giveUpAt() });
+    this.schedule();
+  }
+
+  get pending(): number {
+    return this.completes.length + this.failures.length + this.releases.length;
+  }
+
+  /** Waits until every outcome is recorded or given up; bounded by `timeoutMs`. */
+  async drain(timeoutMs = 10_000): Promise<void> {
+    const deadline = this.deps.clock.now() + timeoutMs;
+    while ((this.pending > 0 || this.flushing) && this.deps.clock.now() < deadline) {
+      await (this.flushing ?? this.deps.clock.sleep(RETRY_MIN_MS));
+    }
+    const left = [...this.completes, ...this.failures, ...this.releases];
+    if (left.length > 0) {
+      this.deps.logger.warn(
+        `queue '${this.options.queue}': ${left.length} job outcome(s) not recorded before shutdown (database unreachable?); those jobs will run again after their lease expires`,
+      );
+      this.completes = [];
+      this.failures = [];
+      this.releases = [];
+      for (const item of left) this.onSettled(item.held);
+    }
+  }
+
+  private giveUpAt(): number {
+    return this.deps.clock.now() + 2 * this.options.leaseMs;
+  }
+
+  private schedule(): void {
+    if (this.flushing) return;
+    this.flushing = this.flushLoop().finally(() => {
+      this.flushing = null;
+      if (this.pending > 0) this.schedule();
+    });
+  }
+
+  private async flushLoop(): Promise<void> {
+    // Let outcomes produced in the same turn of the event loop join this statement.
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    while (this.pending > 0) {
+      // Failures first: a job failed on timeout may also report a late success, which must
+      // meet the voided token (and be refused), not win a race against its own failure.
+      const failuresOk = await this.flushFailures(this.failures.splice(0, MAX_BATCH));
+      const releasesOk = await this.flushReleases(this.releases.splice(0, MAX_BATCH));
+      const completesOk = failuresOk && (await this.flushCompletes(this.completes.splice(0, MAX_BATCH)));
+      if (failuresOk && releasesOk && completesOk) {
+        this.retryDelayMs = RETRY_MIN_MS;
+        this.errors.succeeded();
+      } else {
+        await this.deps.clock.sleep(this.retryDelayMs);
+        this.retryDelayMs = Math.min(RETRY_MAX_MS, this.retryDelayMs * 2);
+      }
+    }
+  }
+
+  private async flushCompletes(items: Pending[]): Promise<boolean> {
+    if (items.length === 0) return true;
+    let results;
+    try {
+      results = await this.deps.store.complete(
+        items.map(({ held }) => ({ id: held.job.id, claimToken: held.job.claimToken })),
+      );
+    } catch (error) {
+      this.requeue(this.completes, items, error);
+      return false;
+    }
+    const outcomes = new Map(results.map((r) => [r.id, r.outcome]));
+    const now = this.deps.clock.now();
+    for (const { held } of items) {
+      const { job } = held;
+      const outcome = outcomes.get(job.id) ?? 'lost';
+      if (outcome === 'lost') {
+        this.reportLost(held, 'complete');
+      } else {
+        safeEmit(this.deps.listeners, 'completed', {
+          queue: job.queue,
+          jobId: job.id,
+          attempt: job.attempt,
+          enqueueToDoneMs: Math.max(0, now - job.enqueuedAt.getTime()),
+          claimToDoneMs: Math.max(0, now - held.claimedAtLocal),
+        });
+      }
+      this.onSettled(held);
+    }
+    return true;
+  }
+
+  private async flushFailures(items: PendingFailure[]): Promise<boolean> {
+    if (items.length === 0) return true;
+    let results;
+    try {
+      results = await this.deps.store.fail(
+        items.map(({ held, error, delayMs, dead }) => ({
+          id: held.job.id,
+          claimToken: held.job.claimToken,
+          error: truncate(errorMessage(error), ERROR_TEXT_LIMIT),
+          stack: error instanceof Error && error.stack ? truncate(error.stack, STACK_TEXT_LIMIT) : null,
+          retryDelayMs: delayMs,
+          dead,
+          workerId: this.deps.workerId,
+        })),
+      );
+    } catch (error) {
+      this.requeue(this.failures, items, error);
+      return false;
+    }
+    const byId = new Map(results.map((r) => [r.id, r]));
+    for (const item of items) {
+      const { job } = item.held;
+      const result = byId.get(job.id);
+      if (!result || result.outcome === 'lost') {
+        this.reportLost(item.held, 'fail');
+      } else if (result.outcome === 'ok') {
+        const dead = result.state === 'dead';
+        const message = errorMessage(item.error);
+        if (dead) {
+          this.deps.logger.error(
+            `job ${job.id} in queue '${job.queue}' is dead after attempt ${job.attempt}/${job.maxAttempts}: ${message}`,
+          );
+        } else {
+          this.deps.logger.warn(
+            `job ${job.id} in queue '${job.queue}' failed (attempt ${job.attempt}/${job.maxAttempts}): ${message}; retrying in ${item.delayMs} ms`,
+          );
+        }
+        safeEmit(this.deps.listeners, 'failed', {
+          queue: job.queue,
+          jobId: job.id,
+          attempt: job.attempt,
+          dead,
+          error: message,
+        });
+      }
+      this.onSettled(item.held);
+    }
+    return true;
+  }
+
+  private async flushReleases(items: Pending[]): Promise<boolean> {
+    if (items.length === 0) return true;
+    try {
+      await this.deps.store.release(items.map(({ held }) => ({ id: held.job.id, claimToken: held.job.claimToken })));
+    } catch (error) {
+      this.requeue(this.releases, items, error);
+      return false;
+    }
+    for (const { held } of items) this.onSettled(held);
+    return true;
+  }
+
+  private requeue<T extends Pending>(queue: T[], items: T[], error: unknown): void {
+    this.errors.failed(error, this.retryDelayMs);
+    const now = this.deps.clock.now();
+    const keep = items.filter((item) => item.giveUpAt > now);
+    for (const item of items) {
+      if (item.giveUpAt > now) continue;
+      this.deps.logger.error(
+        `job ${item.held.job.id} in queue '${item.held.job.queue}': giving up recording its outcome; its lease has expired, so it will run again`,
+      );
+      this.onSettled(item.held);
+    }
+    queue.unshift(...keep);
+  }
+
+  private reportLost(held: HeldJob, during: 'complete' | 'fail'): void {
+    const { job } = held;
+    this.deps.logger.warn(
+      `job ${job.id} in queue '${job.queue}': ${during === 'complete' ? 'completion' : 'failure'} refused, this worker lost ownership (lease expired or job re-claimed); the result is not counted`,
+    );
+    safeEmit(this.deps.listeners, 'lostOwnership', { queue: job.queue, jobId: job.id, during, outcome: 'lost' });
+  }
+}
+
+function errorMessage(error: unknown): string {
+  if (error instanceof Error) return error.message || error.name;
+  if (typeof error === 'string') return error;
+  try {
+    return JSON.stringify(error) ?? String(error);
+  } catch {
+    return String(error);
+  }
+}
+
+function truncate(text: string, limit: number): string {
+  return text.length > limit ? `${text.slice(0, limit)}…` : text;
+}

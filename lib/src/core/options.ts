@@ -1,0 +1,291 @@
+import { retryDelayFor, type BackoffOption, type RetryDelay } from './backoff.js';
+import { SqlQueueConfigError } from './errors.js';
+import {
+  assertBoolean,
+  assertInteger,
+  assertQueueName,
+  DEFAULT_MAX_ATTEMPTS,
+  describe,
+  MAX_ATTEMPTS_LIMIT,
+} from './validation.js';
+
+const DAY_MS = 86_400_000;
+const INT_MAX = 2_147_483_647;
+
+/** Per-queue behaviour, set in the module's `queues` map and overridable on `@QueueHandler`. */
+export interface QueueOptions {
+  /** Readers kept running even when the queue is empty (default 1). */
+  minReaders?: number;
+  /** Upper bound on concurrent handlers for this queue in this process (default 5). */
+  maxReaders?: number;
+  /** Most jobs one claim statement takes (default: maxReaders). */
+  batchSize?: number;
+  /**
+   * Jobs claimed ahead of free readers, held leased in memory (default 0). Raises throughput
+   * for short jobs; prefetched jobs are heartbeated and released on shutdown.
+   */
+  prefetch?: number;
+  /** Lease length; heartbeats renew it every third of it while the handler runs (default 30 s). */
+  leaseMs?: number;
+  /** Longest a handler may run; then its signal aborts and the job fails (default 1 h, null: none). */
+  maxDurationMs?: number | null;
+  /** Attempts before a job is dead (default 25). Stored per job at enqueue. */
+  maxAttempts?: number;
+  /** Delay before retrying a failed job (default exponential from 1 s, ×2, max 1 h, equal jitter). */
+  backoff?: BackoffOption;
+  /** Shortest pause after an empty claim (default from `consumer.minPollMs`). */
+  minPollMs?: number;
+  /** Longest pause after empty claims (default from `consumer.maxPollMs`). */
+  maxPollMs?: number;
+}
+
+export interface ConsumerOptions {
+  /** Run handlers in this process (default true). A producer-only app sets false. */
+  enabled?: boolean;
+  /** How long shutdown waits for running handlers before aborting them (default 10 s). */
+  shutdownTimeoutMs?: number;
+  /** Default shortest pause after an empty claim (50 ms). */
+  minPollMs?: number;
+  /** Default longest pause after empty claims (2 s). */
+  maxPollMs?: number;
+  /** How often the activation rule is evaluated per queue (1 s). */
+  activationIntervalMs?: number;
+  /** A reader is added only if no reader of the queue came back empty for this long (2 s). */
+  activationQuietMs?: number;
+  /** Identifies this process in job rows and attempt history (default host:pid:random). */
+  workerId?: string;
+}
+
+export interface ReaperOptions {
+  /** Run the lease reaper in this process (default true; safe on every instance at once). */
+  enabled?: boolean;
+  intervalMs?: number;
+  batchSize?: number;
+}
+
+export interface RetentionOptions {
+  /** Delete old finished jobs periodically (default true). */
+  enabled?: boolean;
+  intervalMs?: number;
+  /** Keep done jobs this long (default 7 days). */
+  doneMs?: number;
+  /** Keep dead jobs this long; null keeps them until purged (default null). */
+  deadMs?: number | null;
+  /** Keep a finished job with an idempotency key at least this long, so the key still dedupes (7 days). */
+  idempotencyKeyMs?: number;
+  batchSize?: number;
+}
+
+export interface ResolvedQueueOptions {
+  queue: string;
+  minReaders: number;
+  maxReaders: number;
+  batchSize: number;
+  prefetch: number;
+  leaseMs: number;
+  maxDurationMs: number | null;
+  maxAttempts: number;
+  retryDelay: RetryDelay;
+  minPollMs: number;
+  maxPollMs: number;
+}
+
+export interface ResolvedConsumerOptions {
+  enabled: boolean;
+  shutdownTimeoutMs: number;
+  minPollMs: number;
+  maxPollMs: number;
+  activationIntervalMs: number;
+  activationQuietMs: number;
+  workerId: string | null;
+}
+
+export interface ResolvedReaperOptions {
+  enabled: boolean;
+  intervalMs: number;
+  batchSize: number;
+}
+
+export interface ResolvedRetentionOptions {
+  enabled: boolean;
+  intervalMs: number;
+  doneMs: number;
+  deadMs: number | null;
+  idempotencyKeyMs: number;
+  batchSize: number;
+}
+
+const QUEUE_OPTION_KEYS = new Set<keyof QueueOptions>([
+  'minReaders',
+  'maxReaders',
+  'batchSize',
+  'prefetch',
+  'leaseMs',
+  'maxDurationMs',
+  'maxAttempts',
+  'backoff',
+  'minPollMs',
+  'maxPollMs',
+]);
+
+function assertPlainObject(where: string, value: unknown): Record<string, unknown> {
+  if (value === undefined) return {};
+  if (value === null || typeof value !== 'object' || Array.isArray(value)) {
+    throw new SqlQueueConfigError(`${where} must be an object, got ${describe(value)}`);
+  }
+  return value as Record<string, unknown>;
+}
+
+function assertKnownKeys(where: string, value: Record<string, unknown>, known: Set<string>): void {
+  for (const key of Object.keys(value)) {
+    if (!known.has(key)) {
+      throw new SqlQueueConfigError(`${where}: unknown option '${key}' (known: ${[...known].join(', ')})`);
+    }
+  }
+}
+
+export function resolveConsumerOptions(raw: ConsumerOptions | undefined): ResolvedConsumerOptions {
+  const where = 'consumer';
+  const value = assertPlainObject(where, raw) as ConsumerOptions;
+  assertKnownKeys(
+    where,
+    value as Record<string, unknown>,
+    new Set([
+      'enabled',
+      'shutdownTimeoutMs',
+      'minPollMs',
+      'maxPollMs',
+      'activationIntervalMs',
+      'activationQuietMs',
+      'workerId',
+    ]),
+  );
+  const minPollMs = assertInteger(`${where}.minPollMs`, value.minPollMs ?? 50, 1, 60_000);
+  const maxPollMs = assertInteger(
+    `${where}.maxPollMs`,
+    value.maxPollMs ?? Math.max(2_000, minPollMs),
+    minPollMs,
+    300_000,
+  );
+  if (value.workerId !== undefined && (typeof value.workerId !== 'string' || !/^.{1,200}$/.test(value.workerId))) {
+    throw new SqlQueueConfigError(`${where}.workerId must be a string of 1 to 200 characters`);
+  }
+  return {
+    enabled: assertBoolean(`${where}.enabled`, value.enabled ?? true),
+    shutdownTimeoutMs: assertInteger(`${where}.shutdownTimeoutMs`, value.shutdownTimeoutMs ?? 10_000, 0, 3_600_000),
+    minPollMs,
+    maxPollMs,
+    activationIntervalMs: assertInteger(
+      `${where}.activationIntervalMs`,
+      value.activationIntervalMs ?? 1_000,
+      10,
+      60_000,
+    ),
+    activationQuietMs: assertInteger(`${where}.activationQuietMs`, value.activationQuietMs ?? 2_000, 0, 600_000),
+    workerId: value.workerId ?? null,
+  };
+}
+
+export function resolveReaperOptions(raw: ReaperOptions | undefined): ResolvedReaperOptions {
+  const value = assertPlainObject('reaper', raw) as ReaperOptions;
+  assertKnownKeys('reaper', value as Record<string, unknown>, new Set(['enabled', 'intervalMs', 'batchSize']));
+  return {
+    enabled: assertBoolean('reaper.enabled', value.enabled ?? true),
+    intervalMs: assertInteger('reaper.intervalMs', value.intervalMs ?? 5_000, 10, 3_600_000),
+    batchSize: assertInteger('reaper.batchSize', value.batchSize ?? 500, 1, 10_000),
+  };
+}
+
+export function resolveRetentionOptions(raw: RetentionOptions | undefined): ResolvedRetentionOptions {
+  const where = 'retention';
+  const value = assertPlainObject(where, raw) as RetentionOptions;
+  assertKnownKeys(
+    where,
+    value as Record<string, unknown>,
+    new Set(['enabled', 'intervalMs', 'doneMs', 'deadMs', 'idempotencyKeyMs', 'batchSize']),
+  );
+  const max = 3650 * DAY_MS;
+  return {
+    enabled: assertBoolean(`${where}.enabled`, value.enabled ?? true),
+    intervalMs: assertInteger(`${where}.intervalMs`, value.intervalMs ?? 60_000, 100, DAY_MS),
+    doneMs: assertInteger(`${where}.doneMs`, value.doneMs ?? 7 * DAY_MS, 0, max),
+    deadMs:
+      value.deadMs === null || value.deadMs === undefined
+        ? null
+        : assertInteger(`${where}.deadMs`, value.deadMs, 0, max),
+    idempotencyKeyMs: assertInteger(`${where}.idempotencyKeyMs`, value.idempotencyKeyMs ?? 7 * DAY_MS, 0, max),
+    batchSize: assertInteger(`${where}.batchSize`, value.batchSize ?? 1_000, 1, 100_000),
+  };
+}
+
+/** Checks one set of queue options (from the module map or a handler decorator). */
+export function validateQueueOptions(where: string, raw: unknown): QueueOptions {
+  const value = assertPlainObject(where, raw);
+  assertKnownKeys(where, value, QUEUE_OPTION_KEYS as Set<string>);
+  const o = value as QueueOptions;
+  const check = (key: keyof QueueOptions, min: number, max: number) => {
+    if (o[key] !== undefined) assertInteger(`${where}.${key}`, o[key], min, max);
+  };
+  check('minReaders', 1, 1_000);
+  check('maxReaders', 1, 1_000);
+  check('batchSize', 1, 1_000);
+  check('prefetch', 0, 10_000);
+  check('leaseMs', 100, INT_MAX);
+  check('maxAttempts', 1, MAX_ATTEMPTS_LIMIT);
+  check('minPollMs', 1, 60_000);
+  check('maxPollMs', 1, 300_000);
+  if (o.maxDurationMs !== undefined && o.maxDurationMs !== null)
+    assertInteger(`${where}.maxDurationMs`, o.maxDurationMs, 1, INT_MAX);
+  if (o.backoff !== undefined) retryDelayFor(o.backoff, where);
+  return o;
+}
+
+/**
+ * Effective options of a queue: handler decorator over the module's `queues` entry over the
+ * consumer defaults over built-in defaults. Throws with the place that is wrong.
+ */
+export function resolveQueueOptions(
+  queue: string,
+  layers: { module?: QueueOptions; handler?: QueueOptions },
+  consumer: ResolvedConsumerOptions,
+  where = `queue '${queue}'`,
+): ResolvedQueueOptions {
+  assertQueueName(queue, SqlQueueConfigError);
+  const merged: QueueOptions = { ...layers.module, ...layers.handler };
+  validateQueueOptions(where, merged);
+  const minReaders = merged.minReaders ?? 1;
+  const maxReaders = merged.maxReaders ?? Math.max(5, minReaders);
+  if (minReaders > maxReaders) {
+    throw new SqlQueueConfigError(`${where}: minReaders (${minReaders}) is greater than maxReaders (${maxReaders})`);
+  }
+  const minPollMs = merged.minPollMs ?? consumer.minPollMs;
+  const maxPollMs = merged.maxPollMs ?? Math.max(consumer.maxPollMs, minPollMs);
+  if (minPollMs > maxPollMs) {
+    throw new SqlQueueConfigError(`${where}: minPollMs (${minPollMs}) is greater than maxPollMs (${maxPollMs})`);
+  }
+  const leaseMs = merged.leaseMs ?? 30_000;
+  const maxDurationMs = merged.maxDurationMs === undefined ? 3_600_000 : merged.maxDurationMs;
+  return {
+    queue,
+    minReaders,
+    maxReaders,
+    batchSize: merged.batchSize ?? Math.min(maxReaders, 100),
+    prefetch: merged.prefetch ?? 0,
+    leaseMs,
+    maxDurationMs,
+    maxAttempts: merged.maxAttempts ?? DEFAULT_MAX_ATTEMPTS,
+    retryDelay: retryDelayFor(merged.backoff, where),
+    minPollMs,
+    maxPollMs,
+  };
+}
+
+/** Validates the module's `queues` map: names and each entry. */
+export function validateQueueMap(raw: unknown): Record<string, QueueOptions> {
+  const map = assertPlainObject('queues', raw);
+  for (const [queue, options] of Object.entries(map)) {
+    assertQueueName(queue, SqlQueueConfigError);
+    validateQueueOptions(`queues['${queue}']`, options);
+  }
+  return map as Record<string, QueueOptions>;
+}

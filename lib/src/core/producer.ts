@@ -1,0 +1,171 @@
+import { SqlQueueValidationError } from './errors.js';
+import type { QueueStore } from './queue-store.js';
+import type {
+  AttemptRecord,
+  DeadJobPage,
+  EnqueueOptions,
+  EnqueueResult,
+  JobId,
+  JobRecord,
+  NewJob,
+  QueueStats,
+} from './types.js';
+import { assertInteger, assertQueueName, describe, prepareJob } from './validation.js';
+import type { RemoteWaker, WakeBus } from './wake.js';
+
+/** Options of one enqueue call. */
+export interface EnqueueCallOptions extends EnqueueOptions {
+  /**
+   * The caller's open transaction (an mssql `Transaction`, a pg client after `BEGIN`, or a
+   * PGlite transaction): the job commits or rolls back with the caller's own writes.
+   */
+  transaction?: unknown;
+}
+
+/** One job of a bulk enqueue. */
+export interface EnqueueItem<T = unknown> extends EnqueueOptions {
+  payload: T;
+}
+
+export interface ProducerSettings {
+  maxPayloadBytes: number;
+  /** Max attempts for jobs of a queue when the enqueue call does not say. */
+  maxAttemptsFor(queue: string): number;
+}
+
+/** Jobs per statement in a bulk enqueue; larger calls are split (each part atomic). */
+export const ENQUEUE_CHUNK = 10_000;
+const JOB_ID = /^[1-9]\d{0,18}$/;
+
+/**
+ * The framework-free producer: validates everything before any SQL runs, enqueues in one
+ * round trip per call, and wakes readers (here at once, elsewhere through the store).
+ */
+export class QueueProducerCore {
+  constructor(
+    private readonly store: QueueStore,
+    private readonly settings: ProducerSettings,
+    private readonly wakeBus: WakeBus,
+    private readonly remoteWaker: RemoteWaker | null,
+  ) {}
+
+  async enqueue<T>(queue: string, payload: T, options: EnqueueCallOptions = {}): Promise<EnqueueResult> {
+    const { transaction, ...jobOptions } = assertOptionsObject(options, `enqueue to '${String(queue)}'`);
+    const job = this.prepare(queue, payload, jobOptions);
+    const [result] = await this.store.enqueue([job], transaction);
+    if (result!.created) this.wake(queue);
+    return result!;
+  }
+
+  /**
+   * Enqueues many jobs of one queue, in one statement per 10,000 jobs, results in input order.
+   * Every item is validated first: one bad item fails the call before anything is written.
+   */
+  async enqueueMany<T>(
+    queue: string,
+    items: readonly EnqueueItem<T>[],
+    options: { transaction?: unknown } = {},
+  ): Promise<EnqueueResult[]> {
+    assertQueueName(queue);
+    if (!Array.isArray(items)) {
+      throw new SqlQueueValidationError(`enqueueMany to '${queue}': items must be an array, got ${describe(items)}`);
+    }
+    const { transaction } = assertOptionsObject(options, `enqueueMany to '${queue}'`);
+    const jobs = items.map((item, index) => {
+      if (!item || typeof item !== 'object' || !('payload' in item)) {
+        throw new SqlQueueValidationError(
+          `enqueueMany to '${queue}' (item ${index}): expected { payload, ...options }`,
+        );
+      }
+      const { payload, ...jobOptions } = item;
+      return this.prepare(queue, payload, jobOptions, `item ${index}`);
+    });
+    const results: EnqueueResult[] = [];
+    for (let start = 0; start < jobs.length; start += ENQUEUE_CHUNK) {
+      results.push(...(await this.store.enqueue(jobs.slice(start, start + ENQUEUE_CHUNK), transaction)));
+    }
+    if (results.some((r) => r.created)) this.wake(queue);
+    return results;
+  }
+
+  /** Nudges readers of a queue, here and in other processes (e.g. after committing a transaction). */
+  wake(queue: string): void {
+    this.wakeBus.wake(queue);
+    this.remoteWaker?.request(queue);
+  }
+
+  getJob(jobId: JobId): Promise<JobRecord | null> {
+    return this.store.getJob(assertJobId(jobId));
+  }
+
+  getAttempts(jobId: JobId): Promise<AttemptRecord[]> {
+    return this.store.getAttempts(assertJobId(jobId));
+  }
+
+  stats(queue: string): Promise<QueueStats> {
+    return this.store.stats(assertQueueName(queue));
+  }
+
+  listDead(queue: string, page: { limit?: number; afterId?: JobId | null } = {}): Promise<DeadJobPage> {
+    assertQueueName(queue);
+    const limit = assertInteger('listDead limit', page.limit ?? 50, 1, 1000, SqlQueueValidationError);
+    const afterId = page.afterId === undefined || page.afterId === null ? null : assertJobId(page.afterId);
+    return this.store.listDead(queue, { limit, afterId });
+  }
+
+  /** Dead jobs back to ready with a fresh attempt budget: the given ids, or all of the queue. */
+  async retryDead(queue: string, jobIds: readonly JobId[] | 'all'): Promise<JobId[]> {
+    assertQueueName(queue);
+    const ids = jobIds === 'all' ? 'all' : assertIdList(jobIds);
+    const retried = await this.store.retryDead(queue, ids);
+    if (retried.length > 0) this.wake(queue);
+    return retried;
+  }
+
+  purgeDead(queue: string, options: { olderThanMs?: number } = {}): Promise<number> {
+    assertQueueName(queue);
+    const olderThanMs =
+      options.olderThanMs === undefined
+        ? 0
+        : assertInteger(
+            'purgeDead olderThanMs',
+            options.olderThanMs,
+            0,
+            Number.MAX_SAFE_INTEGER,
+            SqlQueueValidationError,
+          );
+    return this.store.purgeDead(queue, { olderThanMs });
+  }
+
+  private prepare(queue: string, payload: unknown, options: EnqueueOptions, where?: string): NewJob {
+    assertQueueName(queue);
+    return prepareJob(
+      queue,
+      payload,
+      options,
+      { maxPayloadBytes: this.settings.maxPayloadBytes, defaultMaxAttempts: this.settings.maxAttemptsFor(queue) },
+      where,
+    );
+  }
+}
+
+function assertOptionsObject<T extends object>(options: T, where: string): T {
+  if (options === null || typeof options !== 'object' || Array.isArray(options)) {
+    throw new SqlQueueValidationError(`${where}: options must be an object, got ${describe(options)}`);
+  }
+  return options;
+}
+
+export function assertJobId(jobId: unknown): JobId {
+  if (typeof jobId !== 'string' || !JOB_ID.test(jobId)) {
+    throw new SqlQueueValidationError(`job id ${describe(jobId)} is invalid: ids are decimal strings such as '42'`);
+  }
+  return jobId;
+}
+
+function assertIdList(ids: unknown): JobId[] {
+  if (!Array.isArray(ids)) {
+    throw new SqlQueueValidationError(`job ids must be an array of decimal strings or 'all', got ${describe(ids)}`);
+  }
+  return ids.map(assertJobId);
+}

@@ -1,0 +1,517 @@
+import { shouldAddReader, shouldRetireAfterEmptyClaim } from './activation.js';
+import { PollBackoff } from './backoff.js';
+import type { Clock } from './clock.js';
+import {
+  SqlQueueJobTimeoutError,
+  SqlQueueLeaseLostError,
+  SqlQueueShutdownError,
+  SqlQueueUnrecoverableError,
+} from './errors.js';
+import { safeEmit, type QueueEventListener } from './events.js';
+import type { JobContext, JobHandler } from './handler.js';
+import { JobAcker, type HeldJob } from './job-acker.js';
+import { ThrottledErrorLog, type QueueLogger } from './logger.js';
+import type { ResolvedQueueOptions } from './options.js';
+import type { QueueStore } from './queue-store.js';
+import type { ClaimedJob } from './types.js';
+
+export interface QueueConsumerDeps {
+  store: QueueStore;
+  clock: Clock;
+  logger: QueueLogger;
+  listeners: readonly QueueEventListener[];
+  workerId: string;
+  activationIntervalMs: number;
+  activationQuietMs: number;
+  random?: () => number;
+}
+
+/** A point-in-time view of one queue's readers, for liveness checks and metrics. */
+export interface QueueConsumerSnapshot {
+  queue: string;
+  readers: number;
+  running: number;
+  buffered: number;
+  /** Engine clock time the claim loop last made progress (claimed, slept, or failed and backed off). */
+  lastLoopAt: number;
+  /** True while claims fail (database unreachable, …). */
+  claimFailing: boolean;
+  stopping: boolean;
+}
+
+/** How long after aborting a handler the reader keeps waiting for it before moving on. */
+const ABANDON_GRACE_MS = 5_000;
+const SHUTDOWN_ABANDON_GRACE_MS = 1_000;
+const ERROR_BACKOFF_MIN_MS = 100;
+const ERROR_BACKOFF_MAX_MS = 5_000;
+
+/**
+ * Runs the handlers of one queue: readers (between minReaders and maxReaders, per the
+ * activation rule) take jobs from one claim loop that claims in batches; a lease keeper
+ * renews the leases of every job held here; an acker writes completions and failures in
+ * batches. The handler always runs after the claim committed, outside any transaction.
+ */
+export class QueueConsumer {
+  private readers = 0;
+  private readonly readerDone = new Set<Promise<void>>();
+  private readonly waiting: ((job: HeldJob | null) => void)[] = [];
+  private readonly buffer: HeldJob[] = [];
+  private readonly held = new Map<string, HeldJob>();
+  private readonly running = new Map<string, Promise<void>>();
+  private claiming = false;
+  private stopping = false;
+  private started = false;
+  /** Set while the claim loop pauses after an empty claim; aborting it wakes the loop. */
+  private idleSleep: AbortController | null = null;
+  private lastEmptyClaimAt: number | null = null;
+  private lastLoopAt: number;
+  private readonly pollBackoff: PollBackoff;
+  private errorBackoffMs = ERROR_BACKOFF_MIN_MS;
+  private readonly claimErrors: ThrottledErrorLog;
+  private readonly heartbeatErrors: ThrottledErrorLog;
+  private readonly acker: JobAcker;
+  private timers: { cancel(): void }[] = [];
+  private activationCheckRunning = false;
+  private heartbeatRunning = false;
+
+  constructor(
+    private readonly deps: QueueConsumerDeps,
+    readonly options: ResolvedQueueOptions,
+    private readonly handler: JobHandler,
+  ) {
+    const random = deps.random ?? Math.random;
+    this.pollBackoff = new PollBackoff(options.minPollMs, options.maxPollMs, random);
+    this.lastLoopAt = deps.clock.now();
+    const now = () => deps.clock.now();
+    this.claimErrors = new ThrottledErrorLog(deps.logger, `claiming from queue '${options.queue}'`, now);
+    this.heartbeatErrors = new ThrottledErrorLog(deps.logger, `renewing leases in queue '${options.queue}'`, now);
+    this.acker = new JobAcker(deps, options, (held) => this.forget(held));
+  }
+
+  get queue(): string {
+    return this.options.queue;
+  }
+
+  start(): void {
+    if (this.started) return;
+    this.started = true;
+    for (let i = 0; i < this.options.minReaders; i++) this.addReader('start');
+    const heartbeatEvery = Math.max(20, Math.min(Math.floor(this.options.leaseMs / 6), 5_000));
+    this.timers.push(this.deps.clock.setInterval(() => void this.renewLeases(), heartbeatEvery));
+    this.timers.push(this.deps.clock.setInterval(() => void this.checkActivation(), this.deps.activationIntervalMs));
+  }
+
+  /** New work may be there: end the idle pause and claim at once. */
+  wake(): void {
+    if (this.stopping) return;
+    this.pollBackoff.reset();
+    this.idleSleep?.abort();
+    this.pump();
+  }
+
+  snapshot(): QueueConsumerSnapshot {
+    return {
+      queue: this.queue,
+      readers: this.readers,
+      running: this.running.size,
+      buffered: this.buffer.length,
+      lastLoopAt: this.lastLoopAt,
+      claimFailing: this.claimErrors.failing,
+      stopping: this.stopping,
+    };
+  }
+
+  // ---- readers --------------------------------------------------------------------------
+
+  private addReader(reason: 'start' | 'activation'): void {
+    this.readers++;
+    safeEmit(this.deps.listeners, 'readersChanged', { queue: this.queue, readers: this.readers, reason });
+    const done = this.readLoop().finally(() => {
+      this.readerDone.delete(done);
+    });
+    this.readerDone.add(done);
+  }
+
+  private async readLoop(): Promise<void> {
+    try {
+      for (;;) {
+        const held = await this.take();
+        if (!held) return;
+        await this.run(held);
+      }
+    } finally {
+      this.readers--;
+      safeEmit(this.deps.listeners, 'readersChanged', {
+        queue: this.queue,
+        readers: this.readers,
+        reason: this.stopping ? 'stop' : 'retire',
+      });
+    }
+  }
+
+  /** The next job for a reader; null tells the reader to retire (or that the queue stops). */
+  private take(): Promise<HeldJob | null> {
+    if (this.stopping) return Promise.resolve(null);
+    const next = this.buffer.shift();
+    if (next) {
+      this.pump();
+      return Promise.resolve(next);
+    }
+    return new Promise((resolve) => {
+      this.waiting.push(resolve);
+      this.pump();
+    });
+  }
+
+  // ---- the claim loop ---------------------------------------------------------------------
+
+  /** Hands buffered jobs to waiting readers and starts a claim when more are wanted. */
+  private pump(): void {
+    while (this.waiting.length > 0 && this.buffer.length > 0) this.waiting.shift()!(this.buffer.shift()!);
+    if (this.stopping || this.claiming || this.idleSleep) return;
+    const wanted = this.waiting.length + this.options.prefetch - this.buffer.length;
+    // Top up a prefetch buffer in batches, not one job at a time.
+    if (wanted <= 0 || (this.waiting.length === 0 && this.buffer.length > this.options.prefetch / 2)) return;
+    this.claiming = true;
+    void this.claim(Math.min(this.options.batchSize, wanted)).finally(() => {
+      this.claiming = false;
+      this.pump();
+    });
+  }
+
+  private async claim(limit: number): Promise<void> {
+    const startedAt = this.deps.clock.now();
+    let claimed: ClaimedJob[];
+    try {
+      claimed = await this.deps.store.claim({
+        queue: this.queue,
+        limit,
+        leaseMs: this.options.leaseMs,
+        workerId: this.deps.workerId,
+      });
+      this.claimErrors.succeeded();
+      this.errorBackoffMs = ERROR_BACKOFF_MIN_MS;
+    } catch (error) {
+      const pause = this.errorBackoffMs;
+      this.errorBackoffMs = Math.min(ERROR_BACKOFF_MAX_MS, this.errorBackoffMs * 2);
+      this.claimErrors.failed(error, pause);
+      await this.pause(pause);
+      return;
+    }
+    this.lastLoopAt = this.deps.clock.now();
+    const claimedAtLocal = startedAt;
+    if (this.stopping) {
+      // Claimed while shutdown began: give them straight back, attempt not counted.
+      const late = claimed.map((job) => this.hold(job, claimedAtLocal));
+      this.acker.release(late);
+      return;
+    }
+    if (claimed.length === 0) {
+      this.lastEmptyClaimAt = this.deps.clock.now();
+      safeEmit(this.deps.listeners, 'emptyClaim', { queue: this.queue });
+      this.retireSurplusWaiters();
+      await this.pause(this.pollBackoff.next());
+      return;
+    }
+    safeEmit(this.deps.listeners, 'claimed', {
+      queue: this.queue,
+      count: claimed.length,
+      limit,
+      durationMs: this.deps.clock.now() - startedAt,
+    });
+    this.pollBackoff.reset();
+    for (const job of claimed) this.buffer.push(this.hold(job, claimedAtLocal));
+  }
+
+  /** Waits between claims; a wake-up or shutdown ends the wait early. */
+  private async pause(ms: number): Promise<void> {
+    const sleep = new AbortController();
+    this.idleSleep = sleep;
+    try {
+      await this.deps.clock.sleep(ms, sleep.signal);
+    } finally {
+      if (this.idleSleep === sleep) this.idleSleep = null;
+      this.lastLoopAt = this.deps.clock.now();
+    }
+  }
+
+  /** Seed 003: a reader whose claim came back empty retires while more than the minimum run. */
+  private retireSurplusWaiters(): void {
+    let readers = this.readers;
+    while (this.waiting.length > 0 && shouldRetireAfterEmptyClaim(readers, this.options.minReaders)) {
+      this.waiting.pop()!(null);
+      readers--;
+    }
+  }
+
+  private async checkActivation(): Promise<void> {
+    if (this.stopping || this.activationCheckRunning) return;
+    const input = {
+      readers: this.readers,
+      minReaders: this.options.minReaders,
+      maxReaders: this.options.maxReaders,
+      lastEmptyClaimAt: this.lastEmptyClaimAt,
+      now: this.deps.clock.now(),
+      quietMs: this.deps.activationQuietMs,
+    };
+    // Below the minimum (readers crashed out?) or with the cap reached, no query is needed.
+    if (!shouldAddReader({ ...input, hasClaimableWork: true })) return;
+    this.activationCheckRunning = true;
+    try {
+      // Readers all busy and jobs still buffered locally is work enough; otherwise ask the database.
+      const hasClaimableWork = this.buffer.length > 0 || (await this.deps.store.hasClaimableWork(this.queue));
+      if (!this.stopping && shouldAddReader({ ...input, readers: this.readers, hasClaimableWork })) {
+        this.addReader('activation');
+        this.deps.logger.debug?.(`queue '${this.queue}': started reader ${this.readers} (work waiting, readers busy)`);
+      }
+    } catch {
+      // The claim loop reports database trouble; activation simply waits for the next tick.
+    } finally {
+      this.activationCheckRunning = false;
+    }
+  }
+
+  // ---- running a job ----------------------------------------------------------------------
+
+  private hold(job: ClaimedJob, claimedAtLocal: number): HeldJob {
+    const held: HeldJob = {
+      job,
+      controller: new AbortController(),
+      claimedAtLocal,
+      renewedAtLocal: claimedAtLocal,
+      localLeaseUntil: claimedAtLocal + this.options.leaseMs,
+      lost: false,
+      timedOut: false,
+      shutdownAborted: false,
+    };
+    this.held.set(job.id, held);
+    return held;
+  }
+
+  /** The job leaves this worker's hands: no more heartbeats. */
+  private forget(held: HeldJob): void {
+    if (this.held.get(held.job.id) === held) this.held.delete(held.job.id);
+  }
+
+  private async run(held: HeldJob): Promise<void> {
+    const { job } = held;
+    if (held.lost) return; // lost while buffered
+    const context: JobContext = {
+      jobId: job.id,
+      queue: job.queue,
+      attempt: job.attempt,
+      maxAttempts: job.maxAttempts,
+      idempotencyKey: job.idempotencyKey,
+      groupKey: job.groupKey,
+      enqueuedAt: job.enqueuedAt,
+      claimedAt: job.claimedAt,
+      signal: held.controller.signal,
+      extendLease: (ms) => this.extendLease(held, ms),
+    };
+    const execution = this.execute(held, context);
+    this.running.set(job.id, execution);
+    try {
+      await execution;
+    } finally {
+      this.running.delete(job.id);
+    }
+  }
+
+  private async execute(held: HeldJob, context: JobContext): Promise<void> {
+    const { job } = held;
+    const handled = Promise.resolve()
+      .then(() => this.handler(job.payload, context))
+      .then(
+        () => ({ ok: true }) as const,
+        (error: unknown) => ({ ok: false, error }) as const,
+      );
+    const abandoned = this.abandonedAfterAbort(held);
+    const result = await Promise.race([handled, abandoned.promise]);
+    abandoned.cancel();
+    if (result === 'abandoned') {
+      this.deps.logger.warn(
+        `job ${job.id} in queue '${job.queue}': handler ignored its abort signal (${describeReason(held.controller.signal.reason)}); the reader moves on and the lease decides the job's fate`,
+      );
+      safeEmit(this.deps.listeners, 'abandoned', { queue: job.queue, jobId: job.id });
+      this.forget(held);
+      return;
+    }
+    const outcome = result;
+
+    // Even when a heartbeat already found the lease gone, the outcome is sent: the token check
+    // in the database is the arbiter, and its refusal is what gets logged and counted.
+    if (outcome.ok) {
+      this.acker.complete(held);
+      return;
+    }
+    if (held.timedOut) return; // the timeout was already recorded as this attempt's failure (and forgotten)
+    if (held.shutdownAborted && !held.lost) {
+      // Stopped by shutdown, not by its own fault: give the job back without using an attempt.
+      this.acker.release([held]);
+      return;
+    }
+    const error = outcome.error;
+    const dead = error instanceof SqlQueueUnrecoverableError;
+    this.acker.fail(held, error, dead ? 0 : this.options.retryDelay(job.attempt, error), dead);
+  }
+
+  /** Resolves 'abandoned' some time after the job's signal aborted, if the handler ignores it. */
+  private abandonedAfterAbort(held: HeldJob): { promise: Promise<'abandoned'>; cancel(): void } {
+    const cancelled = new AbortController();
+    const promise = new Promise<'abandoned'>((resolve) => {
+      const onAbort = () => {
+        const grace = held.shutdownAborted ? SHUTDOWN_ABANDON_GRACE_MS : ABANDON_GRACE_MS;
+        void this.deps.clock.sleep(grace, cancelled.signal).then(() => {
+          if (!cancelled.signal.aborted) resolve('abandoned');
+        });
+      };
+      if (held.controller.signal.aborted) onAbort();
+      else held.controller.signal.addEventListener('abort', onAbort, { once: true });
+      cancelled.signal.addEventListener('abort', () => held.controller.signal.removeEventListener('abort', onAbort), {
+        once: true,
+      });
+    });
+    return { promise, cancel: () => cancelled.abort() };
+  }
+
+  // ---- leases -----------------------------------------------------------------------------
+
+  private async extendLease(held: HeldJob, ms?: number): Promise<void> {
+    if (held.lost) throw new SqlQueueLeaseLostError(held.job.queue, held.job.id);
+    const leaseMs = ms ?? this.options.leaseMs;
+    const requestedAt = this.deps.clock.now();
+    const [result] = await this.deps.store.heartbeat([
+      { id: held.job.id, claimToken: held.job.claimToken, leaseMs, maxDurationMs: this.options.maxDurationMs },
+    ]);
+    if (!result || result.outcome === 'lost') {
+      this.markLost(held);
+      throw new SqlQueueLeaseLostError(held.job.queue, held.job.id);
+    }
+    held.renewedAtLocal = requestedAt;
+    held.localLeaseUntil = requestedAt + leaseMs;
+  }
+
+  /**
+   * One batch heartbeat for every held job whose lease is a third used up; also enforces
+   * maxDurationMs, and aborts handlers whose lease could not be confirmed before it ran out.
+   */
+  private async renewLeases(): Promise<void> {
+    if (this.heartbeatRunning || this.held.size === 0) return;
+    this.heartbeatRunning = true;
+    try {
+      const now = this.deps.clock.now();
+      const due: HeldJob[] = [];
+      for (const held of this.held.values()) {
+        if (held.lost || held.timedOut) continue;
+        const maxDuration = this.options.maxDurationMs;
+        if (maxDuration !== null && now - held.claimedAtLocal >= maxDuration && this.running.has(held.job.id)) {
+          this.timeOut(held, maxDuration);
+          continue;
+        }
+        if (now >= held.localLeaseUntil) {
+          // Could not renew in time (database unreachable): another worker may own it by now.
+          held.controller.abort(
+            new SqlQueueLeaseLostError(held.job.queue, held.job.id, 'the lease could not be renewed before it expired'),
+          );
+        }
+        if (now - held.renewedAtLocal >= this.options.leaseMs / 3) due.push(held);
+      }
+      if (due.length === 0) return;
+      const requestedAt = this.deps.clock.now();
+      const results = await this.deps.store.heartbeat(
+        due.map((held) => ({
+          id: held.job.id,
+          claimToken: held.job.claimToken,
+          leaseMs: this.options.leaseMs,
+          maxDurationMs: this.options.maxDurationMs,
+        })),
+      );
+      this.heartbeatErrors.succeeded();
+      const byId = new Map(results.map((r) => [r.id, r]));
+      for (const held of due) {
+        const result = byId.get(held.job.id);
+        if (result?.outcome === 'ok') {
+          held.renewedAtLocal = requestedAt;
+          held.localLeaseUntil = requestedAt + this.options.leaseMs;
+        } else if (this.held.get(held.job.id) === held) {
+          this.markLost(held);
+        }
+      }
+    } catch (error) {
+      this.heartbeatErrors.failed(error, Math.floor(this.options.leaseMs / 6));
+    } finally {
+      this.heartbeatRunning = false;
+    }
+  }
+
+  private markLost(held: HeldJob): void {
+    if (held.lost) return;
+    held.lost = true;
+    const error = new SqlQueueLeaseLostError(held.job.queue, held.job.id);
+    this.deps.logger.warn(`${error.message}; aborting its handler`);
+    safeEmit(this.deps.listeners, 'lostOwnership', {
+      queue: held.job.queue,
+      jobId: held.job.id,
+      during: 'heartbeat',
+      outcome: 'lost',
+    });
+    held.controller.abort(error);
+    const index = this.buffer.indexOf(held);
+    if (index >= 0) this.buffer.splice(index, 1);
+    if (!this.running.has(held.job.id)) this.forget(held);
+  }
+
+  /** maxDurationMs passed: record the failure now (token-checked) and abort the handler. */
+  private timeOut(held: HeldJob, maxDurationMs: number): void {
+    held.timedOut = true;
+    const error = new SqlQueueJobTimeoutError(held.job.queue, held.job.id, maxDurationMs);
+    this.deps.logger.warn(`${error.message}; aborting its handler and recording the attempt as failed`);
+    held.controller.abort(error);
+    this.acker.fail(held, error, this.options.retryDelay(held.job.attempt, error), false);
+  }
+
+  // ---- shutdown ---------------------------------------------------------------------------
+
+  /**
+   * Stops claiming, gives back jobs that never started, lets running handlers finish for up
+   * to `timeoutMs`, then aborts them; flushes completions. What is still unfinished comes
+   * back through its lease, so nothing is lost.
+   */
+  async stop(timeoutMs: number): Promise<{ finished: number; aborted: number; released: number }> {
+    if (this.stopping) return { finished: 0, aborted: 0, released: 0 };
+    this.stopping = true;
+    this.idleSleep?.abort();
+    while (this.waiting.length > 0) this.waiting.shift()!(null);
+    const released = this.buffer.splice(0);
+    this.acker.release(released);
+
+    const runningAtStop = this.running.size;
+    const allDone = () => Promise.all([...this.running.values()]).then(() => undefined);
+    const deadline = new AbortController();
+    const finishedInTime = await Promise.race([
+      allDone().then(() => true),
+      this.deps.clock.sleep(timeoutMs, deadline.signal).then(() => false),
+    ]);
+    deadline.abort();
+    let aborted = 0;
+    if (!finishedInTime) {
+      for (const id of this.running.keys()) {
+        const held = this.held.get(id);
+        if (!held || held.controller.signal.aborted) continue;
+        held.shutdownAborted = true;
+        held.controller.abort(new SqlQueueShutdownError());
+        aborted++;
+      }
+      await allDone();
+    }
+    await Promise.all([...this.readerDone]);
+    await this.acker.drain();
+    for (const timer of this.timers) timer.cancel();
+    this.timers = [];
+    return { finished: runningAtStop - aborted, aborted, released: released.length };
+  }
+}
+
+function describeReason(reason: unknown): string {
+  return reason instanceof Error ? reason.message : String(reason);
+}

@@ -1,0 +1,41 @@
+// Public API of nestjs-sql-queue. Terminus health indicators live in 'nestjs-sql-queue/health'.
+export { SqlQueueModule } from './nest/sql-queue.module.js';
+export { SQL_QUEUE_MODULE_OPTIONS } from './nest/sql-queue.module-definition.js';
+export type { SqlQueueModuleOptions } from './nest/sql-queue.options.js';
+export { QueueProducer } from './nest/queue.producer.js';
+export { QueueHandler, QueueHandlerMarker } from './nest/queue-handler.decorator.js';
+export type { QueueHandlerOptions, QueueJobHandler, QueueHandlerMetadata } from './nest/queue-handler.decorator.js';
+export { SqlQueueConsumerHost } from './nest/consumer.host.js';
+export { SQL_QUEUE_RUNTIME } from './nest/sql-queue.tokens.js';
+export type { SqlQueueRuntime } from './nest/sql-queue.runtime.js';
+
+export type { JobContext, JobHandler } from './core/handler.js';
+export type { EnqueueCallOptions, EnqueueItem } from './core/producer.js';
+export type { BackoffOption } from './core/backoff.js';
+export type { QueueOptions, ConsumerOptions, ReaperOptions, RetentionOptions } from './core/options.js';
+export type { QueueEventListener } from './core/events.js';
+export type { ConsumerSnapshot } from './core/consumer.js';
+export type { QueueConsumerSnapshot } from './core/queue-consumer.js';
+export type { QueueStore, Dialect, MigrationMode } from './core/queue-store.js';
+export type { SqlQueueConnection } from './store/create-store.js';
+export type {
+  AttemptRecord,
+  DeadJobPage,
+  EnqueueOptions,
+  EnqueueResult,
+  JobId,
+  JobRecord,
+  JobState,
+  QueueStats,
+} from './core/types.js';
+export {
+  SqlQueueError,
+  SqlQueueConfigError,
+  SqlQueueValidationError,
+  SqlQueueLeaseLostError,
+  SqlQueueJobTimeoutError,
+  SqlQueueShutdownError,
+  SqlQueueUnrecoverableError,
+  SqlQueueSchemaError,
+  SqlQueueTransactionError,
+} from './core/errors.js';

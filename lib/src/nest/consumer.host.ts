@@ -1,0 +1,87 @@
+import {
+  Inject,
+  Injectable,
+  Logger,
+  type BeforeApplicationShutdown,
+  type OnApplicationBootstrap,
+} from '@nestjs/common';
+import { systemClock } from '../core/clock.js';
+import { SqlQueueConsumer, type ConsumerSnapshot } from '../core/consumer.js';
+import { SqlQueueConfigError } from '../core/errors.js';
+import { resolveQueueOptions } from '../core/options.js';
+import { QueueHandlerExplorer } from './queue-handler.explorer.js';
+import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
+import type { SqlQueueRuntime } from './sql-queue.runtime.js';
+
+/**
+ * Owns the consumer: discovers handlers and starts readers when the application has
+ * bootstrapped; on shutdown stops claiming and drains running handlers (up to
+ * `consumer.shutdownTimeoutMs`) before connections close.
+ */
+@Injectable()
+export class SqlQueueConsumerHost implements OnApplicationBootstrap, BeforeApplicationShutdown {
+  private readonly logger = new Logger('SqlQueue');
+  private consumer: SqlQueueConsumer | null = null;
+
+  constructor(
+    @Inject(SQL_QUEUE_RUNTIME) private readonly runtime: SqlQueueRuntime,
+    private readonly explorer: QueueHandlerExplorer,
+  ) {}
+
+  async onApplicationBootstrap(): Promise<void> {
+    const { options } = this.runtime;
+    const handlers = this.explorer.discover();
+    const consumer = new SqlQueueConsumer({
+      store: this.runtime.store,
+      clock: systemClock,
+      logger: this.logger,
+      listeners: this.runtime.listeners,
+      wakeBus: this.runtime.wakeBus,
+      workerId: this.runtime.workerId,
+      activationIntervalMs: options.consumer.activationIntervalMs,
+      activationQuietMs: options.consumer.activationQuietMs,
+    });
+    for (const handler of handlers) {
+      const resolved = resolveQueueOptions(
+        handler.queue,
+        { module: options.queues[handler.queue], handler: handler.options },
+        options.consumer,
+        `@QueueHandler('${handler.queue}') on ${handler.className}`,
+      );
+      this.runtime.handlerOptions.set(handler.queue, handler.options);
+      consumer.register(resolved, (payload, context) => handler.instance.handle(payload, context));
+    }
+    for (const queue of Object.keys(options.queues)) {
+      if (options.consumer.enabled && handlers.length > 0 && !handlers.some((h) => h.queue === queue)) {
+        this.logger.warn(`queue '${queue}' is configured but has no @QueueHandler in this application`);
+      }
+    }
+    this.consumer = consumer;
+    if (!options.consumer.enabled) {
+      if (handlers.length > 0) {
+        this.logger.log(`consumer disabled: ${handlers.length} handler(s) discovered but not started`);
+      }
+      return;
+    }
+    await consumer.start();
+  }
+
+  async beforeApplicationShutdown(): Promise<void> {
+    await this.consumer?.stop(this.runtime.options.consumer.shutdownTimeoutMs);
+  }
+
+  /** For liveness checks: is the consumer running, and are its readers making progress? */
+  snapshot(): ConsumerSnapshot {
+    return this.consumer?.snapshot() ?? { running: false, startedAt: null, queues: [] };
+  }
+
+  get enabled(): boolean {
+    return this.runtime.options.consumer.enabled;
+  }
+
+  /** Guards against using the host before bootstrap in custom code. */
+  requireStarted(): SqlQueueConsumer {
+    if (!this.consumer) throw new SqlQueueConfigError('the SqlQueue consumer has not bootstrapped yet');
+    return this.consumer;
+  }
+}

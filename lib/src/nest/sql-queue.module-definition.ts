@@ -1,0 +1,17 @@
+import { ConfigurableModuleBuilder } from '@nestjs/common';
+import type { SqlQueueModuleOptions } from './sql-queue.options.js';
+
+/**
+ * forRoot / forRootAsync (useFactory, useClass, useExisting) and the isGlobal extra come from
+ * Nest's builder rather than hand-written provider plumbing.
+ */
+export const {
+  ConfigurableModuleClass: SqlQueueConfigurableModule,
+  MODULE_OPTIONS_TOKEN: SQL_QUEUE_MODULE_OPTIONS,
+  OPTIONS_TYPE: SQL_QUEUE_OPTIONS_TYPE,
+  ASYNC_OPTIONS_TYPE: SQL_QUEUE_ASYNC_OPTIONS_TYPE,
+} = new ConfigurableModuleBuilder<SqlQueueModuleOptions>({ moduleName: 'SqlQueue' })
+  .setClassMethodName('forRoot')
+  .setFactoryMethodName('createSqlQueueOptions')
+  .setExtras({ isGlobal: false }, (definition, extras) => ({ ...definition, global: extras.isGlobal }))
+  .build();

@@ -1,0 +1,116 @@
+import type { QueueEventListener } from '../core/events.js';
+import { SqlQueueConfigError } from '../core/errors.js';
+import {
+  resolveConsumerOptions,
+  resolveReaperOptions,
+  resolveRetentionOptions,
+  validateQueueMap,
+  type ConsumerOptions,
+  type QueueOptions,
+  type ReaperOptions,
+  type ResolvedConsumerOptions,
+  type ResolvedReaperOptions,
+  type ResolvedRetentionOptions,
+  type RetentionOptions,
+} from '../core/options.js';
+import type { MigrationMode } from '../core/queue-store.js';
+import {
+  assertBoolean,
+  assertInteger,
+  assertSchemaName,
+  DEFAULT_MAX_PAYLOAD_BYTES,
+  describe,
+} from '../core/validation.js';
+import type { SqlQueueConnection } from '../store/create-store.js';
+
+/** Options of `SqlQueueModule.forRoot()` / `forRootAsync()`. */
+export interface SqlQueueModuleOptions {
+  /** Where the queue lives: a dialect with a URL or config, an embedded PGlite, or your own pool. */
+  connection: SqlQueueConnection;
+  /** Database schema holding the queue tables (default 'sqlqueue'). */
+  schema?: string;
+  /** 'auto' installs/upgrades at boot under a lock, 'check' only verifies, 'off' skips (default 'auto'). */
+  migrations?: MigrationMode;
+  /** Per-queue defaults; `@QueueHandler` options override them. */
+  queues?: Record<string, QueueOptions>;
+  consumer?: ConsumerOptions;
+  reaper?: ReaperOptions;
+  retention?: RetentionOptions;
+  /** Largest payload accepted, in bytes of JSON (default 1 MiB). */
+  maxPayloadBytes?: number;
+  /**
+   * Cross-process wake-ups (PostgreSQL LISTEN/NOTIFY), sent outside producer transactions and
+   * coalesced to one per queue per `intervalMs` (default on, 5 ms).
+   */
+  wakeups?: { enabled?: boolean; intervalMs?: number };
+  /** Receives engine events (claims, completions, failures, lost ownership, reader counts). */
+  listeners?: QueueEventListener[];
+}
+
+export interface ResolvedModuleOptions {
+  connection: SqlQueueConnection;
+  schema: string;
+  migrations: MigrationMode;
+  queues: Record<string, QueueOptions>;
+  consumer: ResolvedConsumerOptions;
+  reaper: ResolvedReaperOptions;
+  retention: ResolvedRetentionOptions;
+  maxPayloadBytes: number;
+  wakeups: { enabled: boolean; intervalMs: number };
+  listeners: QueueEventListener[];
+}
+
+const KNOWN = new Set([
+  'connection',
+  'schema',
+  'migrations',
+  'queues',
+  'consumer',
+  'reaper',
+  'retention',
+  'maxPayloadBytes',
+  'wakeups',
+  'listeners',
+]);
+
+/** Checks every module option at boot, with messages that name the option and the fix. */
+export function resolveModuleOptions(raw: SqlQueueModuleOptions): ResolvedModuleOptions {
+  if (!raw || typeof raw !== 'object') {
+    throw new SqlQueueConfigError(`SqlQueueModule options must be an object, got ${describe(raw)}`);
+  }
+  for (const key of Object.keys(raw)) {
+    if (!KNOWN.has(key)) throw new SqlQueueConfigError(`SqlQueueModule: unknown option '${key}'`);
+  }
+  if (!raw.connection) throw new SqlQueueConfigError('SqlQueueModule: connection is required');
+  const migrations = raw.migrations ?? 'auto';
+  if (!['auto', 'check', 'off'].includes(migrations)) {
+    throw new SqlQueueConfigError(`migrations must be 'auto', 'check' or 'off', got ${describe(migrations)}`);
+  }
+  const wakeups = raw.wakeups ?? {};
+  if (typeof wakeups !== 'object' || wakeups === null) {
+    throw new SqlQueueConfigError(`wakeups must be an object, got ${describe(wakeups)}`);
+  }
+  if (raw.listeners !== undefined && !Array.isArray(raw.listeners)) {
+    throw new SqlQueueConfigError('listeners must be an array of event listener objects');
+  }
+  return {
+    connection: raw.connection,
+    schema: assertSchemaName(raw.schema ?? 'sqlqueue'),
+    migrations,
+    queues: validateQueueMap(raw.queues),
+    consumer: resolveConsumerOptions(raw.consumer),
+    reaper: resolveReaperOptions(raw.reaper),
+    retention: resolveRetentionOptions(raw.retention),
+    maxPayloadBytes: assertInteger(
+      'maxPayloadBytes',
+      raw.maxPayloadBytes ?? DEFAULT_MAX_PAYLOAD_BYTES,
+      2,
+      64 * 1024 * 1024,
+    ),
+    wakeups: {
+      enabled: assertBoolean('wakeups.enabled', wakeups.enabled ?? true),
+      intervalMs: assertInteger('wakeups.intervalMs', wakeups.intervalMs ?? 5, 0, 60_000),
+    },
+    listeners: [...(raw.listeners ?? [])],
+  };
+}

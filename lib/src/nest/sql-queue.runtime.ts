@@ -1,0 +1,83 @@
+import { Logger } from '@nestjs/common';
+import { defaultWorkerId } from '../core/consumer.js';
+import type { QueueEventListener } from '../core/events.js';
+import type { QueueOptions } from '../core/options.js';
+import { QueueProducerCore } from '../core/producer.js';
+import type { QueueStore } from '../core/queue-store.js';
+import { DEFAULT_MAX_ATTEMPTS } from '../core/validation.js';
+import { RemoteWaker, WakeBus } from '../core/wake.js';
+import { createQueueStore } from '../store/create-store.js';
+import { resolveModuleOptions, type ResolvedModuleOptions, type SqlQueueModuleOptions } from './sql-queue.options.js';
+
+/**
+ * Everything one SqlQueueModule owns at run time. Built by an async provider, so a bad
+ * option, an unreachable database or a schema mismatch fails the application's boot.
+ */
+export class SqlQueueRuntime {
+  /** Handler-level options of queues consumed in this process, filled in at bootstrap. */
+  readonly handlerOptions = new Map<string, QueueOptions>();
+  readonly wakeBus = new WakeBus();
+  readonly remoteWaker: RemoteWaker | null;
+  readonly producer: QueueProducerCore;
+  readonly workerId: string;
+  private closed = false;
+
+  constructor(
+    readonly options: ResolvedModuleOptions,
+    readonly store: QueueStore,
+    readonly logger: Logger,
+  ) {
+    this.workerId = options.consumer.workerId ?? defaultWorkerId();
+    this.remoteWaker =
+      options.wakeups.enabled && store.notify ? new RemoteWaker(store, options.wakeups.intervalMs, logger) : null;
+    this.producer = new QueueProducerCore(
+      store,
+      { maxPayloadBytes: options.maxPayloadBytes, maxAttemptsFor: (queue) => this.maxAttemptsFor(queue) },
+      this.wakeBus,
+      this.remoteWaker,
+    );
+  }
+
+  /** Live list: listeners added later (metrics) see every event from then on. */
+  get listeners(): QueueEventListener[] {
+    return this.options.listeners;
+  }
+
+  addListener(listener: QueueEventListener): void {
+    this.options.listeners.push(listener);
+  }
+
+  private maxAttemptsFor(queue: string): number {
+    return (
+      this.options.queues[queue]?.maxAttempts ?? this.handlerOptions.get(queue)?.maxAttempts ?? DEFAULT_MAX_ATTEMPTS
+    );
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    this.remoteWaker?.close();
+    await this.store.close();
+  }
+}
+
+export async function createSqlQueueRuntime(raw: SqlQueueModuleOptions): Promise<SqlQueueRuntime> {
+  const options = resolveModuleOptions(raw);
+  const logger = new Logger('SqlQueue');
+  const store = await createQueueStore(options.connection, {
+    schema: options.schema,
+    onBackgroundError: (error) => logger.warn(`idle database connection failed: ${error.message}`),
+  });
+  try {
+    const status = await store.migrate(options.migrations);
+    if (options.migrations !== 'off') {
+      logger.log(
+        `${store.dialect} schema "${options.schema}" at version ${status.current} (migrations: ${options.migrations})`,
+      );
+    }
+  } catch (error) {
+    await store.close().catch(() => undefined);
+    throw error;
+  }
+  return new SqlQueueRuntime(options, store, logger);
+}

@@ -1,0 +1,74 @@
+import pg from 'pg';
+import { afterAll, describe, expect, it } from 'vitest';
+import { runCli } from '../../lib/src/cli.js';
+import { createPostgresStore } from '../../lib/src/store/postgres/postgres.connect.js';
+import { PG_LATEST_VERSION } from '../../lib/src/store/postgres/postgres.migrations.js';
+import { dropPgSchema, PG_URL, uniqueSchema } from '../helpers/databases.js';
+
+/** What a DBA does: print the script with the CLI, then run it as one text (as psql -f would). */
+async function printScript(...argv: string[]): Promise<string> {
+  let stdout = '';
+  let stderr = '';
+  const code = await runCli(argv, { stdout: (text) => (stdout += text), stderr: (text) => (stderr += text) });
+  expect({ code, stderr }).toEqual({ code: 0, stderr: '' });
+  return stdout;
+}
+
+async function runScript(script: string): Promise<void> {
+  const client = new pg.Client({ connectionString: PG_URL });
+  await client.connect();
+  try {
+    // No parameters: the simple query protocol runs the whole multi-statement script.
+    await client.query(script);
+  } finally {
+    await client.end();
+  }
+}
+
+async function recordedVersions(schema: string): Promise<number[]> {
+  const client = new pg.Client({ connectionString: PG_URL });
+  await client.connect();
+  try {
+    const result = await client.query<{ version: number }>(
+      `SELECT version FROM "${schema}".schema_version ORDER BY version`,
+    );
+    return result.rows.map((row) => row.version);
+  } finally {
+    await client.end();
+  }
+}
+
+describe('the printed PostgreSQL script installs a schema the store accepts', () => {
+  const schema = uniqueSchema('cli');
+
+  afterAll(() => dropPgSchema(schema));
+
+  it('installs every version, and migrate("check") accepts the result', async () => {
+    await runScript(await printScript('sql', '--dialect', 'postgres', '--schema', schema));
+    expect(await recordedVersions(schema)).toEqual(Array.from({ length: PG_LATEST_VERSION }, (_, i) => i + 1));
+
+    const store = createPostgresStore({ url: PG_URL, poolSize: 1 }, { schema });
+    try {
+      await expect(store.migrate('check')).resolves.toEqual({ current: PG_LATEST_VERSION, latest: PG_LATEST_VERSION });
+      // The tables are usable, not merely present.
+      expect(await store.stats('cli.smoke')).toMatchObject({ queue: 'cli.smoke', ready: 0, leased: 0, dead: 0 });
+    } finally {
+      await store.close();
+    }
+  });
+
+  it('the upgrade script from the latest version is a no-op that can be run again', async () => {
+    const upgrade = await printScript(
+      'sql',
+      '--dialect',
+      'postgres',
+      '--schema',
+      schema,
+      '--from',
+      `${PG_LATEST_VERSION}`,
+    );
+    await runScript(upgrade);
+    await runScript(upgrade);
+    expect(await recordedVersions(schema)).toHaveLength(PG_LATEST_VERSION);
+  });
+});

@@ -1,0 +1,504 @@
+import { Controller, Inject, Injectable, Module, Scope } from '@nestjs/common';
+import pg from 'pg';
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import {
+  QueueHandler,
+  QueueProducer,
+  SqlQueueConfigError,
+  SqlQueueLeaseLostError,
+  SqlQueueModule,
+  SqlQueueShutdownError,
+  SqlQueueUnrecoverableError,
+  SqlQueueValidationError,
+  type JobContext,
+  type QueueEventListener,
+  type SqlQueueModuleOptions,
+} from '../../lib/src/index.js';
+import { dropPgSchema, PG_URL, uniqueSchema } from '../helpers/databases.js';
+import { createQueueApp } from '../helpers/queue-app.js';
+import { deferred, waitFor } from '../helpers/wait-for.js';
+
+const schema = uniqueSchema('module');
+const apps: { close(): Promise<void> }[] = [];
+const connection = { dialect: 'postgres' as const, url: PG_URL, poolSize: 6 };
+
+async function boot(options: Parameters<typeof createQueueApp>[0]) {
+  const created = await createQueueApp(options);
+  apps.push(created.app);
+  return created;
+}
+
+async function sql<R extends Record<string, unknown>>(text: string, params: unknown[] = []): Promise<R[]> {
+  const client = new pg.Client({ connectionString: PG_URL });
+  await client.connect();
+  try {
+    return (await client.query(text, params)).rows as R[];
+  } finally {
+    await client.end();
+  }
+}
+
+afterEach(async () => {
+  await Promise.all(apps.splice(0).map((app) => app.close().catch(() => undefined)));
+});
+
+afterAll(() => dropPgSchema(schema));
+
+describe('SqlQueueModule: registration', () => {
+  it('forRoot provides a working producer', async () => {
+    const { app } = await boot({ schema });
+    const producer = app.get(QueueProducer);
+    const result = await producer.enqueue('reg.plain', { hello: 'world' });
+    expect(result.created).toBe(true);
+    expect(await producer.getJob(result.jobId)).toMatchObject({ state: 'ready', payload: { hello: 'world' } });
+  });
+
+  it('forRootAsync with useFactory and inject', async () => {
+    @Injectable()
+    class Settings {
+      readonly url = PG_URL;
+    }
+    @Module({ providers: [Settings], exports: [Settings] })
+    class SettingsModule {}
+    const queueModule = SqlQueueModule.forRootAsync({
+      imports: [SettingsModule],
+      inject: [Settings],
+      useFactory: (settings: Settings): SqlQueueModuleOptions => ({
+        connection: { dialect: 'postgres', url: settings.url },
+        schema,
+      }),
+    });
+    const { app } = await boot({ schema, queueModule });
+    expect((await app.get(QueueProducer).enqueue('reg.factory', {})).created).toBe(true);
+  });
+
+  it('forRootAsync with useClass and with useExisting', async () => {
+    @Injectable()
+    class QueueConfig {
+      createSqlQueueOptions(): SqlQueueModuleOptions {
+        return { connection, schema };
+      }
+    }
+    const viaClass = await boot({ schema, queueModule: SqlQueueModule.forRootAsync({ useClass: QueueConfig }) });
+    expect((await viaClass.app.get(QueueProducer).enqueue('reg.class', {})).created).toBe(true);
+
+    @Module({ providers: [QueueConfig], exports: [QueueConfig] })
+    class ConfigModule {}
+    const viaExisting = await boot({
+      schema,
+      queueModule: SqlQueueModule.forRootAsync({ imports: [ConfigModule], useExisting: QueueConfig }),
+    });
+    expect((await viaExisting.app.get(QueueProducer).enqueue('reg.existing', {})).created).toBe(true);
+  });
+
+  it('isGlobal makes the producer injectable in feature modules without importing the queue module', async () => {
+    @Injectable()
+    class OrdersService {
+      constructor(@Inject(QueueProducer) readonly producer: QueueProducer) {}
+    }
+    @Module({ providers: [OrdersService], exports: [OrdersService] })
+    class OrdersModule {}
+    const { app } = await boot({
+      schema,
+      queueModule: SqlQueueModule.forRoot({ connection, schema, isGlobal: true }),
+      imports: [OrdersModule],
+    });
+    expect(app.get(OrdersService).producer).toBeInstanceOf(QueueProducer);
+  });
+
+  it('rejects invalid enqueue arguments before touching the database', async () => {
+    const { app } = await boot({ schema });
+    const producer = app.get(QueueProducer);
+    const cyclic: Record<string, unknown> = {};
+    cyclic.self = cyclic;
+    await expect(producer.enqueue('bad queue', {})).rejects.toThrow(SqlQueueValidationError);
+    await expect(producer.enqueue('q', cyclic)).rejects.toThrow(/not JSON-serializable/);
+    await expect(producer.enqueue('q', undefined)).rejects.toThrow(/not JSON-serializable/);
+    await expect(producer.enqueue('q', { big: 'x'.repeat(1024 * 1024) })).rejects.toThrow(/over the limit/);
+    await expect(producer.enqueue('q', {}, { delayMs: -1 })).rejects.toThrow(/delayMs/);
+    await expect(producer.enqueue('q', {}, { maxAttempts: 0 })).rejects.toThrow(/maxAttempts/);
+    await expect(producer.enqueue('q', {}, { runAt: new Date('nope') })).rejects.toThrow(/runAt/);
+    await expect(producer.enqueueMany('q', [{ payload: 1 }, { payload: 2, priority: 1.5 }])).rejects.toThrow(
+      /item 1.*priority/,
+    );
+    expect((await producer.stats('q')).ready).toBe(0);
+  });
+});
+
+describe('SqlQueueModule: boot errors name the class and the problem', () => {
+  it('two handlers for one queue', async () => {
+    @QueueHandler('dup')
+    class FirstHandler {
+      async handle() {}
+    }
+    @QueueHandler('dup')
+    class SecondHandler {
+      async handle() {}
+    }
+    await expect(boot({ schema, providers: [FirstHandler, SecondHandler] })).rejects.toThrow(
+      /queue 'dup' has two handlers, FirstHandler and SecondHandler/,
+    );
+  });
+
+  it('a request-scoped handler', async () => {
+    @QueueHandler('scoped')
+    @Injectable({ scope: Scope.REQUEST })
+    class ScopedHandler {
+      async handle() {}
+    }
+    await expect(boot({ schema, providers: [ScopedHandler] })).rejects.toThrow(
+      /ScopedHandler: handlers must be singleton/,
+    );
+  });
+
+  it('a class without handle()', async () => {
+    @QueueHandler('nohandle')
+    class NoHandle {}
+    await expect(boot({ schema, providers: [NoHandle] })).rejects.toThrow(/NoHandle: the class has no handle/);
+  });
+
+  it('invalid handler options', async () => {
+    @QueueHandler('badopts', { maxReaders: 0 })
+    class BadOptions {
+      async handle() {}
+    }
+    await expect(boot({ schema, providers: [BadOptions] })).rejects.toThrow(
+      /@QueueHandler\('badopts'\) on BadOptions\.maxReaders must be an integer from 1/,
+    );
+    @QueueHandler('minmax', { minReaders: 5, maxReaders: 2 })
+    class MinOverMax {
+      async handle() {}
+    }
+    await expect(boot({ schema, providers: [MinOverMax] })).rejects.toThrow(/MinOverMax: minReaders \(5\) is greater/);
+  });
+
+  it('invalid module options and a missing ScheduleModule', async () => {
+    await expect(boot({ schema: 'bad schema' })).rejects.toThrow(SqlQueueConfigError);
+    await expect(boot({ schema, module: { migrations: 'sometimes' as never } })).rejects.toThrow(/migrations must be/);
+    await expect(boot({ schema, module: { consumer: { maxPollMs: 10, minPollMs: 100 } } })).rejects.toThrow(
+      /consumer\.maxPollMs must be an integer from 100/,
+    );
+    await expect(boot({ schema, withSchedule: false })).rejects.toThrow(/import ScheduleModule\.forRoot\(\)/);
+    const ok = await boot({
+      schema,
+      withSchedule: false,
+      module: { reaper: { enabled: false }, retention: { enabled: false } },
+    });
+    expect(ok.app.get(QueueProducer)).toBeDefined();
+  });
+});
+
+describe('SqlQueueModule: running jobs', () => {
+  it('1,000 jobs enqueued from a controller each run exactly once', async () => {
+    const runs = new Map<number, number>();
+    @QueueHandler('many', { maxReaders: 8, minReaders: 2 })
+    class CountingHandler {
+      async handle(payload: { n: number }) {
+        runs.set(payload.n, (runs.get(payload.n) ?? 0) + 1);
+      }
+    }
+    @Controller()
+    class OrdersController {
+      constructor(@Inject(QueueProducer) private readonly producer: QueueProducer) {}
+      place(n: number) {
+        return this.producer.enqueue('many', { n }, { idempotencyKey: `order-${n}` });
+      }
+    }
+    const { app } = await boot({ schema, providers: [CountingHandler, OrdersController] });
+    const controller = app.get(OrdersController);
+    const results = await Promise.all(Array.from({ length: 1000 }, (_, n) => controller.place(n)));
+    expect(results.every((r) => r.created)).toBe(true);
+    await waitFor(
+      () => runs.size,
+      (size) => size === 1000,
+      { timeoutMs: 30_000, what: '1000 distinct jobs to run' },
+    );
+    const producer = app.get(QueueProducer);
+    await waitFor(
+      () => producer.stats('many'),
+      (s) => s.ready === 0 && s.leased === 0,
+      { what: 'all acked' },
+    );
+    expect([...runs.values()].every((count) => count === 1)).toBe(true);
+    const [done] = await sql<{ n: number }>(
+      `SELECT count(*)::int AS n FROM "${schema}".jobs WHERE queue = 'many' AND state = 'done'`,
+    );
+    expect(done!.n).toBe(1000);
+  });
+
+  it('a handler that fails twice then succeeds ends done with three attempts recorded', async () => {
+    let calls = 0;
+    @QueueHandler('flaky', { backoff: { type: 'fixed', delayMs: 20 } })
+    class FlakyHandler {
+      async handle(_payload: unknown, ctx: JobContext) {
+        calls++;
+        if (ctx.attempt < 3) throw new Error(`transient failure ${ctx.attempt}`);
+      }
+    }
+    const { app } = await boot({ schema, providers: [FlakyHandler] });
+    const producer = app.get(QueueProducer);
+    const { jobId } = await producer.enqueue('flaky', { x: 1 });
+    await waitFor(
+      () => producer.getJob(jobId),
+      (job) => job?.state === 'done',
+      { what: 'the flaky job to finish' },
+    );
+    const attempts = await producer.getAttempts(jobId);
+    expect(attempts.map((a) => [a.attempt, a.outcome, a.error])).toEqual([
+      [1, 'failed', 'transient failure 1'],
+      [2, 'failed', 'transient failure 2'],
+      [3, 'completed', null],
+    ]);
+    expect(attempts[0]!.stack).toMatch(/transient failure 1/);
+    expect(calls).toBe(3);
+  });
+
+  it('a handler that always fails ends dead with its last error; unrecoverable errors go dead at once', async () => {
+    @QueueHandler('doomed', { maxAttempts: 3, backoff: { type: 'exponential', baseMs: 5, maxMs: 20 } })
+    class DoomedHandler {
+      async handle(payload: { kind: string }, ctx: JobContext) {
+        if (payload.kind === 'poison') throw new SqlQueueUnrecoverableError('payload cannot be parsed');
+        throw new Error(`smtp refused on attempt ${ctx.attempt}`);
+      }
+    }
+    const { app, logger } = await boot({ schema, providers: [DoomedHandler] });
+    const producer = app.get(QueueProducer);
+    const doomed = await producer.enqueue('doomed', { kind: 'retry' });
+    const poison = await producer.enqueue('doomed', { kind: 'poison' });
+    await waitFor(
+      () => producer.stats('doomed'),
+      (s) => s.dead === 2,
+      { what: 'both jobs dead' },
+    );
+    expect(await producer.getJob(doomed.jobId)).toMatchObject({
+      state: 'dead',
+      attempts: 3,
+      maxAttempts: 3,
+      lastError: 'smtp refused on attempt 3',
+    });
+    expect(await producer.getJob(poison.jobId)).toMatchObject({ state: 'dead', attempts: 1 });
+    expect(logger.matching(new RegExp(`job ${doomed.jobId} in queue 'doomed' is dead after attempt 3/3`))).toHaveLength(
+      1,
+    );
+    const page = await producer.listDead('doomed');
+    expect(page.jobs.map((j) => j.id).sort()).toEqual([doomed.jobId, poison.jobId].sort());
+  });
+
+  it('a lease stolen mid-run aborts ctx.signal and the stale completion is refused', async () => {
+    let signalReason: unknown = null;
+    const started = deferred<string>();
+    @QueueHandler('stolen', { leaseMs: 600 })
+    class SlowHandler {
+      async handle(_payload: unknown, ctx: JobContext) {
+        started.resolve(ctx.jobId);
+        await new Promise<void>((resolve) => ctx.signal.addEventListener('abort', () => resolve(), { once: true }));
+        signalReason = ctx.signal.reason;
+        // Returns normally: the engine must still refuse to count this as success.
+      }
+    }
+    const lost: unknown[] = [];
+    const listener: QueueEventListener = { lostOwnership: (event) => lost.push(event) };
+    const { app, logger } = await boot({
+      schema,
+      providers: [SlowHandler],
+      module: { listeners: [listener], reaper: { enabled: false } },
+    });
+    const producer = app.get(QueueProducer);
+    const { jobId } = await producer.enqueue('stolen', {});
+    await started.promise;
+    // Another worker takes the job over: its lease is expired and it is claimed with a new token.
+    const thiefToken = '00000000-0000-4000-8000-000000000001';
+    await sql(
+      `UPDATE "${schema}".jobs SET claim_token = $2, worker_id = 'thief', lease_until = now() + interval '1 hour' WHERE id = $1`,
+      [jobId, thiefToken],
+    );
+    await waitFor(() => signalReason, Boolean, { what: 'the handler signal to abort' });
+    expect(signalReason).toBeInstanceOf(SqlQueueLeaseLostError);
+    await waitFor(
+      () => lost.length,
+      (n) => n >= 2,
+      { what: 'heartbeat and completion to report lost ownership' },
+    );
+    expect(lost).toEqual([
+      expect.objectContaining({ jobId, during: 'heartbeat', outcome: 'lost' }),
+      expect.objectContaining({ jobId, during: 'complete', outcome: 'lost' }),
+    ]);
+    expect(logger.matching(new RegExp(`job ${jobId} in queue 'stolen': completion refused`))).toHaveLength(1);
+    // The thief's ownership is untouched.
+    expect(await producer.getJob(jobId)).toMatchObject({ state: 'leased', claimToken: thiefToken, workerId: 'thief' });
+  });
+
+  it('maxDurationMs aborts the handler, fails the attempt, and refuses its late completion', async () => {
+    let reason: unknown;
+    @QueueHandler('slowpoke', { leaseMs: 400, maxDurationMs: 300, maxAttempts: 1 })
+    class SlowpokeHandler {
+      async handle(_payload: unknown, ctx: JobContext) {
+        await new Promise<void>((resolve) => ctx.signal.addEventListener('abort', () => resolve(), { once: true }));
+        reason = ctx.signal.reason;
+      }
+    }
+    const { app, logger } = await boot({ schema, providers: [SlowpokeHandler] });
+    const producer = app.get(QueueProducer);
+    const { jobId } = await producer.enqueue('slowpoke', {});
+    await waitFor(
+      () => producer.getJob(jobId),
+      (job) => job?.state === 'dead',
+      { what: 'the slow job to be failed' },
+    );
+    expect((reason as Error).name).toBe('SqlQueueJobTimeoutError');
+    expect((await producer.getJob(jobId))!.lastError).toMatch(/exceeded maxDurationMs=300/);
+    await waitFor(
+      () => logger.matching(new RegExp(`job ${jobId} .*completion refused`)),
+      (l) => l.length === 1,
+    );
+  });
+
+  it('shutdown lets running jobs finish, gives back the rest, and loses nothing', async () => {
+    const finished: number[] = [];
+    const startedJobs: number[] = [];
+    @QueueHandler('drain', { minReaders: 3, maxReaders: 3, prefetch: 3 })
+    class DrainHandler {
+      async handle(payload: { n: number }) {
+        startedJobs.push(payload.n);
+        await new Promise((resolve) => setTimeout(resolve, 300));
+        finished.push(payload.n);
+      }
+    }
+    const { app } = await boot({
+      schema,
+      providers: [DrainHandler],
+      module: { consumer: { shutdownTimeoutMs: 5_000 } },
+    });
+    const producer = app.get(QueueProducer);
+    await producer.enqueueMany(
+      'drain',
+      Array.from({ length: 12 }, (_, n) => ({ payload: { n } })),
+    );
+    await waitFor(
+      () => startedJobs.length,
+      (n) => n >= 3,
+      { what: 'three jobs to start' },
+    );
+    const runningAtClose = startedJobs.length;
+    await app.close();
+    apps.splice(apps.indexOf(app), 1);
+    expect(finished.length).toBe(runningAtClose);
+    const rows = await sql<{ state: string; n: number; attempts_sum: number }>(
+      `SELECT state, count(*)::int AS n, sum(attempts)::int AS attempts_sum FROM "${schema}".jobs WHERE queue = 'drain' GROUP BY state ORDER BY state`,
+    );
+    const byState = Object.fromEntries(rows.map((r) => [r.state, r]));
+    expect(byState.leased).toBeUndefined();
+    expect(byState.done!.n).toBe(runningAtClose);
+    expect(byState.ready!.n).toBe(12 - runningAtClose);
+    // Prefetched jobs that never started were released without spending an attempt.
+    expect(byState.ready!.attempts_sum).toBe(0);
+
+    // A new instance finishes the rest; nothing ran twice.
+    const second = await boot({ schema, providers: [DrainHandler] });
+    await waitFor(
+      () => second.app.get(QueueProducer).stats('drain'),
+      (s) => s.ready === 0 && s.leased === 0,
+      {
+        what: 'the second instance to drain the queue',
+      },
+    );
+    expect(new Set(finished).size).toBe(12);
+    expect(finished).toHaveLength(12);
+  });
+
+  it('shutdown past its timeout aborts handlers and gives their jobs back without spending an attempt', async () => {
+    let reason: unknown;
+    const started = deferred<void>();
+    @QueueHandler('stubborn')
+    class StubbornHandler {
+      async handle(_payload: unknown, ctx: JobContext) {
+        started.resolve();
+        await new Promise<void>((_, reject) =>
+          ctx.signal.addEventListener('abort', () => reject((reason = ctx.signal.reason)), { once: true }),
+        );
+      }
+    }
+    const { app } = await boot({
+      schema,
+      providers: [StubbornHandler],
+      module: { consumer: { shutdownTimeoutMs: 200 } },
+    });
+    const { jobId } = await app.get(QueueProducer).enqueue('stubborn', {});
+    await started.promise;
+    await app.close();
+    apps.splice(apps.indexOf(app), 1);
+    expect(reason).toBeInstanceOf(SqlQueueShutdownError);
+    const [row] = await sql<{ state: string; attempts: number }>(
+      `SELECT state, attempts FROM "${schema}".jobs WHERE id = $1`,
+      [jobId],
+    );
+    expect(row).toEqual({ state: 'ready', attempts: 0 });
+  });
+
+  it('idle readers claim no faster than maxPollMs allows', async () => {
+    let claims = 0;
+    const listener: QueueEventListener = { emptyClaim: () => claims++, claimed: () => claims++ };
+    @QueueHandler('idle', { minReaders: 1, maxReaders: 1, minPollMs: 20, maxPollMs: 200 })
+    class IdleHandler {
+      async handle() {}
+    }
+    const { app } = await boot({ schema, providers: [IdleHandler], module: { listeners: [listener] } });
+    const idleMs = 2_000;
+    const startedAt = Date.now();
+    await new Promise((resolve) => setTimeout(resolve, idleMs));
+    const elapsed = Date.now() - startedAt;
+    // Pauses double from 20 ms to the 200 ms cap (20+40+80+160 = 300 ms of ramp), then one claim per ≥200 ms.
+    const bound = 5 + Math.ceil((elapsed - 300) / 200) + 1;
+    expect(claims).toBeGreaterThan(3);
+    expect(claims).toBeLessThanOrEqual(bound);
+    // A local enqueue wakes the idle reader at once instead of after its pause.
+    const producer = app.get(QueueProducer);
+    const t0 = Date.now();
+    const { jobId } = await producer.enqueue('idle', {});
+    await waitFor(
+      () => producer.getJob(jobId),
+      (job) => job?.state === 'done',
+      { intervalMs: 5 },
+    );
+    expect(Date.now() - t0).toBeLessThan(150);
+  });
+
+  it('grows readers while work waits and shrinks them once claims come back empty', async () => {
+    const readerCounts: number[] = [];
+    const listener: QueueEventListener = {
+      readersChanged: (e) => e.queue === 'elastic' && readerCounts.push(e.readers),
+    };
+    let concurrent = 0;
+    let peak = 0;
+    @QueueHandler('elastic', { minReaders: 1, maxReaders: 4 })
+    class ElasticHandler {
+      async handle() {
+        peak = Math.max(peak, ++concurrent);
+        await new Promise((resolve) => setTimeout(resolve, 50));
+        concurrent--;
+      }
+    }
+    const { app } = await boot({
+      schema,
+      providers: [ElasticHandler],
+      module: { listeners: [listener], consumer: { activationIntervalMs: 50, activationQuietMs: 100 } },
+    });
+    const producer = app.get(QueueProducer);
+    await producer.enqueueMany(
+      'elastic',
+      Array.from({ length: 80 }, (_, n) => ({ payload: { n } })),
+    );
+    await waitFor(
+      () => producer.stats('elastic'),
+      (s) => s.ready === 0 && s.leased === 0,
+      { timeoutMs: 20_000 },
+    );
+    expect(peak).toBe(4);
+    expect(Math.max(...readerCounts)).toBe(4);
+    await waitFor(
+      () => readerCounts.at(-1),
+      (n) => n === 1,
+      { what: 'readers to retire back to the minimum' },
+    );
+  });
+});

@@ -1,0 +1,137 @@
+import { describe, expect, it } from 'vitest';
+import { runCli, USAGE } from '../../lib/src/cli.js';
+import { MSSQL_LATEST_VERSION, mssqlInstallScript } from '../../lib/src/store/mssql/mssql.migrations.js';
+import { PG_LATEST_VERSION, pgInstallScript } from '../../lib/src/store/postgres/postgres.migrations.js';
+
+async function cli(...argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  let stdout = '';
+  let stderr = '';
+  const code = await runCli(argv, {
+    stdout: (text) => (stdout += text),
+    stderr: (text) => (stderr += text),
+  });
+  return { code, stdout, stderr };
+}
+
+/** A usage error: exit code 2, nothing on stdout (so `… | psql` gets no half script), the reason on stderr. */
+async function expectUsageError(argv: string[], message: string | RegExp): Promise<void> {
+  const result = await cli(...argv);
+  expect(result.code).toBe(2);
+  expect(result.stdout).toBe('');
+  expect(result.stderr).toMatch(message);
+  expect(result.stderr).toContain("Run 'nestjs-sql-queue --help' for usage.");
+}
+
+describe('nestjs-sql-queue sql', () => {
+  it('prints the PostgreSQL install script for the schema, ending with the version row', async () => {
+    const { code, stdout, stderr } = await cli('sql', '--dialect', 'postgres', '--schema', 'demo');
+    expect(code).toBe(0);
+    expect(stderr).toBe('');
+    expect(stdout).toBe(pgInstallScript('demo', 0));
+    expect(stdout).toContain('CREATE SCHEMA IF NOT EXISTS "demo";');
+    expect(stdout).toContain('CREATE TABLE "demo".jobs (');
+    expect(stdout).toContain(`INSERT INTO "demo".schema_version (version, description) VALUES (${PG_LATEST_VERSION}, `);
+    expect(stdout.trimEnd().endsWith('COMMIT;')).toBe(true);
+  });
+
+  it('prints the SQL Server install script for the schema, in GO-separated batches', async () => {
+    const { code, stdout, stderr } = await cli('sql', '--dialect', 'mssql', '--schema', 'demo');
+    expect(code).toBe(0);
+    expect(stderr).toBe('');
+    expect(stdout).toBe(mssqlInstallScript('demo', 0));
+    expect(stdout).toContain("IF SCHEMA_ID(N'demo') IS NULL EXEC (N'CREATE SCHEMA [demo];');");
+    expect(stdout).toContain('CREATE TABLE [demo].[Jobs] (');
+    expect(stdout).toContain(
+      `INSERT INTO [demo].[SchemaVersion] ([Version], [Description]) VALUES (${MSSQL_LATEST_VERSION}, N'`,
+    );
+    expect(stdout).toMatch(/^GO$/m);
+    expect(stdout.trimEnd().endsWith('COMMIT TRANSACTION;\nGO')).toBe(true);
+  });
+
+  it("uses the schema 'sqlqueue' by default and accepts --name=value", async () => {
+    const { code, stdout } = await cli('sql', '--dialect=postgres');
+    expect(code).toBe(0);
+    expect(stdout).toBe(pgInstallScript('sqlqueue', 0));
+    expect((await cli('sql', '--dialect=mssql', '--schema=queue_2', '--from=0')).stdout).toBe(
+      mssqlInstallScript('queue_2', 0),
+    );
+  });
+
+  it('--from the latest version prints no migration but a valid, repeatable script', async () => {
+    expect(PG_LATEST_VERSION).toBe(1);
+    expect(MSSQL_LATEST_VERSION).toBe(1);
+    const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '1');
+    expect(pg.code).toBe(0);
+    expect(pg.stdout).toBe(pgInstallScript('demo', 1));
+    expect(pg.stdout).not.toContain('INSERT INTO');
+    expect(pg.stdout).not.toContain('CREATE TABLE "demo".jobs');
+    expect(pg.stdout).toContain('BEGIN;');
+    expect(pg.stdout).toContain('COMMIT;');
+
+    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '1');
+    expect(mssql.code).toBe(0);
+    expect(mssql.stdout).toBe(mssqlInstallScript('demo', 1));
+    expect(mssql.stdout).not.toContain('INSERT INTO');
+    expect(mssql.stdout).not.toContain('[Jobs]');
+  });
+
+  it('--help and -h print the usage on stdout and succeed', async () => {
+    for (const argv of [['--help'], ['-h'], ['help'], ['sql', '--help'], ['sql', '--dialect', 'oracle', '-h']]) {
+      const result = await cli(...argv);
+      expect(result, argv.join(' ')).toEqual({ code: 0, stdout: USAGE, stderr: '' });
+    }
+    expect(USAGE).toContain('--dialect <name>');
+    expect(USAGE).toContain('--schema <name>');
+    expect(USAGE).toContain('--from <version>');
+  });
+});
+
+describe('nestjs-sql-queue: bad command lines', () => {
+  it('refuses a missing or unknown command', async () => {
+    await expectUsageError([], /no command given/);
+    await expectUsageError(['install', '--dialect', 'postgres'], /unknown command 'install'/);
+  });
+
+  it('refuses a missing or unknown dialect', async () => {
+    await expectUsageError(['sql'], /missing --dialect \(mssql or postgres\)/);
+    await expectUsageError(['sql', '--schema', 'demo'], /missing --dialect/);
+    await expectUsageError(['sql', '--dialect', 'oracle'], /unknown dialect 'oracle' \(use mssql or postgres\)/);
+    await expectUsageError(['sql', '--dialect', 'MSSQL'], /unknown dialect 'MSSQL'/);
+    await expectUsageError(['sql', '--dialect'], /option --dialect needs a value/);
+    await expectUsageError(['sql', '--dialect', '--schema', 'demo'], /option --dialect needs a value/);
+  });
+
+  it('refuses a schema name that is not a plain identifier', async () => {
+    await expectUsageError(
+      ['sql', '--dialect', 'postgres', '--schema', 'x"; drop'],
+      /schema name 'x"; drop' is invalid: start with a letter or '_'/,
+    );
+    await expectUsageError(['sql', '--dialect', 'mssql', '--schema', 'a]b'], /schema name 'a\]b' is invalid/);
+    await expectUsageError(['sql', '--dialect', 'mssql', '--schema', '1abc'], /schema name '1abc' is invalid/);
+    await expectUsageError(['sql', '--dialect', 'mssql', '--schema='], /option --schema needs a value/);
+  });
+
+  it('refuses a --from that is not a whole number from 0, or beyond the latest version', async () => {
+    for (const bad of ['-1', '1.5', 'abc', '1e3', ' 1', '0x1', '99999999999999999999']) {
+      await expectUsageError(
+        ['sql', '--dialect', 'postgres', `--from=${bad}`],
+        `--from must be a schema version, a whole number from 0 up, got '${bad}'`,
+      );
+    }
+    await expectUsageError(
+      ['sql', '--dialect', 'postgres', '--from', String(PG_LATEST_VERSION + 1)],
+      `--from ${PG_LATEST_VERSION + 1} is beyond the latest postgres schema version this package knows (${PG_LATEST_VERSION})`,
+    );
+    await expectUsageError(
+      ['sql', '--dialect', 'mssql', '--from', '7'],
+      `--from 7 is beyond the latest mssql schema version this package knows (${MSSQL_LATEST_VERSION})`,
+    );
+  });
+
+  it('refuses unknown, repeated and stray arguments', async () => {
+    await expectUsageError(['sql', '--dialect', 'postgres', '--force'], /unknown option '--force'/);
+    await expectUsageError(['sql', '--dialect', 'postgres', '--dialect', 'mssql'], /--dialect is given more than once/);
+    await expectUsageError(['sql', '--dialect', 'postgres', 'extra'], /unexpected argument 'extra'/);
+    await expectUsageError(['sql', '-d', 'postgres'], /unexpected argument '-d'/);
+  });
+});
