@@ -185,6 +185,9 @@ export function describeStoreContract(target: StoreTarget): void {
         expect(bulk[2]).toEqual({ jobId: bulk[1]!.jobId, created: false });
         expect(bulk[3]!.created).toBe(true);
         expect((await store.getJob(first!.jobId))!.payload).toEqual({ v: 1 });
+        // Keys compare exactly, in every dialect: case matters.
+        const [upper] = await store.enqueue([job(queue, {}, { idempotencyKey: 'ORDER-1' })]);
+        expect(upper!.created).toBe(true);
         // The same key in another queue is another job.
         const [other] = await store.enqueue([job(newQueue('idem-other'), {}, { idempotencyKey: 'order-1' })]);
         expect(other!.created).toBe(true);
@@ -680,6 +683,35 @@ export function describeStoreContract(target: StoreTarget): void {
         expect(await store.purgeDead(queue)).toBe(4);
         expect((await store.stats(queue)).dead).toBe(0);
         expect(await store.getJob(all[1]!.id)).toBeNull();
+      });
+
+      it('pages dead jobs in id order across digit boundaries (ids sort as numbers, not text)', async () => {
+        const queue = newQueue('deadpaging');
+        // Enough jobs that their ids cross a power of ten wherever the sequence stands.
+        const count = 120;
+        await store.enqueue(Array.from({ length: count }, (_, i) => job(queue, { i }, { maxAttempts: 1 })));
+        const claimed = await store.claim({ queue, limit: count, leaseMs: 60_000, workerId: WORKER });
+        await store.fail(
+          claimed.map((c) => ({
+            id: c.id,
+            claimToken: c.claimToken,
+            error: 'e',
+            stack: null,
+            retryDelayMs: 0,
+            dead: true,
+            workerId: WORKER,
+          })),
+        );
+        const seen: string[] = [];
+        let afterId: string | null = null;
+        for (;;) {
+          const page = await store.listDead(queue, { limit: 7, afterId });
+          seen.push(...page.jobs.map((j) => j.id));
+          if (!page.nextAfterId) break;
+          afterId = page.nextAfterId;
+        }
+        const expected = claimed.map((c) => c.id).sort((a, b) => Number(a) - Number(b));
+        expect(seen).toEqual(expected);
       });
 
       it('retries every dead job of a queue at once', async () => {

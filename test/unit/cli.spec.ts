@@ -45,7 +45,9 @@ describe('nestjs-sql-queue sql', () => {
       `INSERT INTO [demo].[SchemaVersion] ([Version], [Description]) VALUES (${MSSQL_LATEST_VERSION}, N'`,
     );
     expect(stdout).toMatch(/^GO$/m);
-    expect(stdout.trimEnd().endsWith('COMMIT TRANSACTION;\nGO')).toBe(true);
+    expect(stdout.trimEnd().endsWith('COMMIT TRANSACTION;\nGO\nSET NOEXEC OFF;\nGO')).toBe(true);
+    // After every batch the script stops executing if an error already rolled the transaction back.
+    expect(stdout).toContain('IF @@TRANCOUNT = 0 SET NOEXEC ON;');
   });
 
   it("uses the schema 'sqlqueue' by default and accepts --name=value", async () => {

@@ -120,6 +120,13 @@ function optionalKey(name: string, value: unknown, queue: string, at: string): s
       `enqueue to '${queue}'${at}: ${name} must be a non-empty string of at most ${KEY_MAX_LENGTH} characters, got ${describe(value)}`,
     );
   }
+  // SQL Server ignores trailing spaces when comparing strings: 'k' and 'k ' would be one key
+  // there and two in PostgreSQL. Refusing them keeps both dialects identical.
+  if (/\s$/.test(value)) {
+    throw new SqlQueueValidationError(
+      `enqueue to '${queue}'${at}: ${name} must not end with whitespace, got ${describe(value)}`,
+    );
+  }
   return value;
 }
 

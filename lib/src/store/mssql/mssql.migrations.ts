@@ -26,6 +26,10 @@ export interface MssqlMigration {
  * is a short ordered range seek that stops after TOP (@limit) rows. Filtered indexes need the
  * standard session settings (ANSI_NULLS, QUOTED_IDENTIFIER, ARITHABORT… ON), which every
  * current driver uses; a session with legacy settings fails loudly (error 1934), not silently.
+ *
+ * Text keys (queue, idempotency key, group key) use a binary collation, so they compare
+ * exactly as in PostgreSQL: 'Order-1' and 'order-1' are different keys whatever the
+ * database's default (usually case-insensitive) collation is.
  */
 export const MSSQL_MIGRATIONS: readonly MssqlMigration[] = [
   {
@@ -37,13 +41,13 @@ export const MSSQL_MIGRATIONS: readonly MssqlMigration[] = [
         `CREATE SEQUENCE ${s}.[JobIdSequence] AS bigint START WITH 1 INCREMENT BY 1 CACHE 1000;`,
         `CREATE TABLE ${s}.[Jobs] (
   [Id] bigint NOT NULL,
-  [Queue] nvarchar(128) NOT NULL,
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
   [State] varchar(8) NOT NULL,
   [Payload] nvarchar(max) NOT NULL,
   [Priority] int NOT NULL CONSTRAINT [DF_Jobs_Priority] DEFAULT (0),
   [RunAt] datetime2(3) NOT NULL,
-  [GroupKey] nvarchar(255) NULL,
-  [IdempotencyKey] nvarchar(255) NULL,
+  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL,
+  [IdempotencyKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL,
   [Attempts] int NOT NULL CONSTRAINT [DF_Jobs_Attempts] DEFAULT (0),
   [MaxAttempts] int NOT NULL,
   [ClaimToken] uniqueidentifier NULL,
@@ -57,6 +61,9 @@ export const MSSQL_MIGRATIONS: readonly MssqlMigration[] = [
   CONSTRAINT [CK_Jobs_State] CHECK ([State] IN ('ready', 'leased', 'done', 'dead')),
   CONSTRAINT [CK_Jobs_Attempts] CHECK ([Attempts] >= 0 AND [MaxAttempts] >= 1)
 );`,
+        // READPAST skips row locks, never a table lock: a bulk statement that escalated to one
+        // would stall every claim until it commits (possibly in a caller's long transaction).
+        `ALTER TABLE ${s}.[Jobs] SET (LOCK_ESCALATION = DISABLE);`,
         `IF CAST(SERVERPROPERTY('ProductMajorVersion') AS int) >= 15 OR CAST(SERVERPROPERTY('EngineEdition') AS int) IN (5, 8)
   EXEC (N'ALTER INDEX [PK_Jobs] ON ${s}.[Jobs] SET (OPTIMIZE_FOR_SEQUENTIAL_KEY = ON);');`,
         // Read in ORDER BY order by the claim, which stops after TOP (@limit) rows.
@@ -70,7 +77,7 @@ export const MSSQL_MIGRATIONS: readonly MssqlMigration[] = [
         `CREATE TABLE ${s}.[Attempts] (
   [Id] bigint IDENTITY(1, 1) NOT NULL,
   [JobId] bigint NOT NULL,
-  [Queue] nvarchar(128) NOT NULL,
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
   [Attempt] int NOT NULL,
   [Outcome] varchar(16) NOT NULL,
   [Error] nvarchar(max) NULL,
@@ -83,18 +90,19 @@ export const MSSQL_MIGRATIONS: readonly MssqlMigration[] = [
   CONSTRAINT [FK_Attempts_Jobs] FOREIGN KEY ([JobId]) REFERENCES ${s}.[Jobs] ([Id]) ON DELETE CASCADE,
   CONSTRAINT [CK_Attempts_Outcome] CHECK ([Outcome] IN ('failed', 'lease-expired'))
 );`,
+        `ALTER TABLE ${s}.[Attempts] SET (LOCK_ESCALATION = DISABLE);`,
         `CREATE NONCLUSTERED INDEX [IX_Attempts_Job] ON ${s}.[Attempts] ([JobId], [Attempt]);`,
         `CREATE NONCLUSTERED INDEX [IX_Attempts_Recent] ON ${s}.[Attempts] ([Queue], [FinishedAt]);`,
         // Table-valued parameters carry batches in one round trip at any compatibility level.
         `CREATE TYPE ${s}.[JobInputList] AS TABLE (
   [Ord] int NOT NULL PRIMARY KEY,
-  [Queue] nvarchar(128) NOT NULL,
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
   [Payload] nvarchar(max) NOT NULL,
   [Priority] int NOT NULL,
   [RunAt] datetime2(3) NULL,
   [DelayMs] bigint NOT NULL,
-  [GroupKey] nvarchar(255) NULL,
-  [IdempotencyKey] nvarchar(255) NULL,
+  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL,
+  [IdempotencyKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL,
   [MaxAttempts] int NOT NULL
 );`,
         `CREATE TYPE ${s}.[OwnedJobList] AS TABLE (
@@ -152,8 +160,9 @@ IF @result < 0
   THROW 51000, N'nestjs-sql-queue: could not take the schema migration lock (sp_getapplock)', 1;`;
 }
 
+/** sp_getapplock compares resource names in binary; schema names are case-insensitive. */
 export function mssqlMigrationLockResource(schema: string): string {
-  return `nestjs-sql-queue:migrate:${schema}`;
+  return `nestjs-sql-queue:migrate:${schema.toLowerCase()}`;
 }
 
 export function mssqlReadVersion(schema: string): string {
@@ -168,32 +177,46 @@ export function mssqlRecordVersion(schema: string): string {
   return `INSERT INTO ${quoteMssqlIdentifier(schema)}.[SchemaVersion] ([Version], [Description]) VALUES (@version, @description);`;
 }
 
-/** The install/upgrade script a DBA can review and run with sqlcmd or SSMS (GO separates batches). */
+/**
+ * The install/upgrade script a DBA can review and run with sqlcmd or SSMS (GO separates
+ * batches). It sets the session options filtered indexes need, and after every batch it
+ * checks that the transaction is still open: if a batch failed (XACT_ABORT rolled back), the
+ * rest only compiles (NOEXEC), so a half-installed schema can never record its version.
+ */
 export function mssqlInstallScript(schema: string, fromVersion = 0): string {
   const s = quoteMssqlIdentifier(schema);
+  const guard = ['IF @@TRANCOUNT = 0 SET NOEXEC ON;', 'GO'];
   const out = [
     fromVersion >= MSSQL_LATEST_VERSION
       ? `-- nestjs-sql-queue schema for SQL Server, schema ${schema}: already at version ${MSSQL_LATEST_VERSION}, nothing to apply`
       : `-- nestjs-sql-queue schema for SQL Server, versions ${fromVersion + 1}..${MSSQL_LATEST_VERSION}, schema ${schema}`,
-    // Filtered indexes need these session settings; sqlcmd defaults QUOTED_IDENTIFIER to OFF.
-    'SET QUOTED_IDENTIFIER ON;',
-    'SET ANSI_NULLS ON;',
+    ...[
+      'ANSI_NULLS',
+      'ANSI_PADDING',
+      'ANSI_WARNINGS',
+      'ARITHABORT',
+      'CONCAT_NULL_YIELDS_NULL',
+      'QUOTED_IDENTIFIER',
+    ].map((option) => `SET ${option} ON;`),
+    'SET NUMERIC_ROUNDABORT OFF;',
     'SET XACT_ABORT ON;',
     'BEGIN TRANSACTION;',
     'GO',
     `DECLARE @resource nvarchar(255) = N'${mssqlMigrationLockResource(schema)}', @timeoutMs int = 60000;`,
     mssqlMigrationLock(),
     'GO',
+    ...guard,
   ];
-  for (const batch of mssqlBootstrap(schema)) out.push(batch, 'GO');
+  for (const batch of mssqlBootstrap(schema)) out.push(batch, 'GO', ...guard);
   for (const migration of MSSQL_MIGRATIONS.filter((m) => m.version > fromVersion)) {
     out.push(`-- ${migration.version}: ${migration.description}`);
-    for (const batch of migration.batches(schema)) out.push(batch, 'GO');
+    for (const batch of migration.batches(schema)) out.push(batch, 'GO', ...guard);
     out.push(
       `INSERT INTO ${s}.[SchemaVersion] ([Version], [Description]) VALUES (${migration.version}, N'${migration.description.replace(/'/g, "''")}');`,
       'GO',
+      ...guard,
     );
   }
-  out.push('COMMIT TRANSACTION;', 'GO');
+  out.push('COMMIT TRANSACTION;', 'GO', 'SET NOEXEC OFF;', 'GO');
   return `${out.join('\n')}\n`;
 }

@@ -60,12 +60,12 @@ const JOB_COLUMNS = `CAST([Id] AS varchar(20)) AS [Id], [Queue], [State], [Paylo
   [IdempotencyKey], [Attempts], [MaxAttempts], CAST([ClaimToken] AS char(36)) AS [ClaimToken], [LeaseUntil], [WorkerId],
   [CreatedAt], [ClaimedAt], [FinishedAt], [LastError]`;
 
-/**
- * Wraps statements that must commit together (a state change and its attempt row) in a
- * transaction of their own, without changing session settings such as XACT_ABORT.
- */
+/** Wraps statements that must commit together (a state change and its attempt row). */
 function atomically(body: string): string {
-  return `BEGIN TRY
+  // XACT_ABORT makes a client timeout (attention) roll the transaction back instead of leaving
+  // it open on a pooled connection; set inside sp_executesql, it reverts when the batch ends.
+  return `SET XACT_ABORT ON;
+BEGIN TRY
   BEGIN TRANSACTION;
 ${body}
   COMMIT TRANSACTION;
@@ -98,8 +98,8 @@ ELSE
   OUTPUT inserted.[Id] INTO @inserted ([Id])
   SELECT @firstId, @queue, 'ready', @payload, @priority, COALESCE(@runAt, ${shiftedNow('@delayMs', 1)}), @groupKey, @idempotencyKey, @maxAttempts
   WHERE NOT EXISTS (
-    SELECT 1 FROM ${jobs} WITH (UPDLOCK, HOLDLOCK)
-    WHERE [Queue] = @queue AND [IdempotencyKey] = @idempotencyKey);
+    SELECT 1 FROM ${jobs} WITH (UPDLOCK, HOLDLOCK, FORCESEEK)
+    WHERE [Queue] = @queue AND [IdempotencyKey] = @idempotencyKey AND [IdempotencyKey] IS NOT NULL);
 IF EXISTS (SELECT 1 FROM @inserted)
   SELECT CAST([Id] AS varchar(20)) AS [Id], CAST(1 AS bit) AS [Created] FROM @inserted;
 ELSE
@@ -121,8 +121,9 @@ FROM @jobs AS i
 WHERE i.[IdempotencyKey] IS NULL
    OR (NOT EXISTS (SELECT 1 FROM @jobs AS d
                    WHERE d.[Queue] = i.[Queue] AND d.[IdempotencyKey] = i.[IdempotencyKey] AND d.[Ord] < i.[Ord])
-       AND NOT EXISTS (SELECT 1 FROM ${jobs} AS j WITH (UPDLOCK, HOLDLOCK)
-                       WHERE j.[Queue] = i.[Queue] AND j.[IdempotencyKey] = i.[IdempotencyKey]));
+       AND NOT EXISTS (SELECT 1 FROM ${jobs} AS j WITH (UPDLOCK, HOLDLOCK, FORCESEEK)
+                       WHERE j.[Queue] = i.[Queue] AND j.[IdempotencyKey] = i.[IdempotencyKey]
+                         AND j.[IdempotencyKey] IS NOT NULL));
 SELECT i.[Ord], CAST(COALESCE(n.[Id], e.[Id]) AS varchar(20)) AS [Id], CAST(CASE WHEN n.[Id] IS NULL THEN 0 ELSE 1 END AS bit) AS [Created]
 FROM @jobs AS i
 LEFT JOIN @inserted AS n ON n.[Id] = @firstId + i.[Ord]
@@ -239,7 +240,7 @@ ${atomically(`  WITH expired AS (
   UPDATE expired
   SET [State] = CASE WHEN [Attempts] >= [MaxAttempts] THEN 'dead' ELSE 'ready' END,
       [FinishedAt] = CASE WHEN [Attempts] >= [MaxAttempts] THEN SYSUTCDATETIME() ELSE NULL END,
-      [LastError] = CONCAT(N'lease expired at ', CONVERT(nvarchar(30), [LeaseUntil], 127), N'Z (worker ', COALESCE([WorkerId], N'unknown'), N')'),
+      [LastError] = CONCAT(N'lease expired at ', STUFF(CONVERT(char(23), [LeaseUntil], 121), 11, 1, 'T'), N'Z (worker ', COALESCE([WorkerId], N'unknown'), N')'),
       [ClaimToken] = NULL, [LeaseUntil] = NULL
   OUTPUT inserted.[Id], inserted.[Queue], inserted.[State], inserted.[Attempts], deleted.[ClaimToken], deleted.[WorkerId],
          deleted.[ClaimedAt], inserted.[LastError]
@@ -250,19 +251,22 @@ ${atomically(`  WITH expired AS (
 SELECT CAST([Id] AS varchar(20)) AS [Id], [Queue], [State], [Attempt] FROM @reaped;`,
 
     hasClaimableWork: `SELECT CAST(CASE WHEN EXISTS (
-  SELECT 1 FROM ${jobs} WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= SYSUTCDATETIME()
+  SELECT 1 FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
+  WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= SYSUTCDATETIME()
 ) THEN 1 ELSE 0 END AS bit) AS [HasWork];`,
 
     // Each figure reads one filtered index, so the cost follows live rows, not history.
+    // READPAST: a monitoring read must never queue behind a producer's open transaction (as
+    // PostgreSQL's MVCC reads never do); rows locked at that instant are simply not counted.
     stats: `DECLARE @now datetime2(3) = SYSUTCDATETIME();
 SELECT
-  (SELECT COUNT_BIG(*) FROM ${jobs} WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= @now) AS [Ready],
-  (SELECT COUNT_BIG(*) FROM ${jobs} WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] > @now) AS [Delayed],
-  (SELECT COUNT_BIG(*) FROM ${jobs} WHERE [Queue] = @queue AND [State] = 'leased') AS [Leased],
-  (SELECT COUNT_BIG(*) FROM ${jobs} WHERE [Queue] = @queue AND [State] = 'leased' AND [LeaseUntil] < @now) AS [ExpiredLeases],
-  (SELECT COUNT_BIG(*) FROM ${jobs} WHERE [Queue] = @queue AND [State] = 'dead') AS [Dead],
-  (SELECT COUNT_BIG(*) FROM ${jobs} WHERE [Queue] = @queue AND [State] = 'ready' AND [Attempts] > 0) AS [Retrying],
-  (SELECT DATEDIFF_BIG(millisecond, MIN([RunAt]), @now) FROM ${jobs}
+  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= @now) AS [Ready],
+  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] > @now) AS [Delayed],
+  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'leased') AS [Leased],
+  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'leased' AND [LeaseUntil] < @now) AS [ExpiredLeases],
+  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'dead') AS [Dead],
+  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [Attempts] > 0) AS [Retrying],
+  (SELECT DATEDIFF_BIG(millisecond, MIN([RunAt]), @now) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
      WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= @now) AS [OldestReadyAgeMs];`,
 
     getJob: `SELECT ${JOB_COLUMNS} FROM ${jobs} WHERE [Id] = @id;`,
@@ -275,9 +279,11 @@ FROM ${jobs} WHERE [Id] = @id AND [State] = 'done'
 ORDER BY [FinishedAt], [Attempt];`,
 
     // @queue, @afterId (null for the first page), @limit
-    listDead: `SELECT TOP (@limit) ${JOB_COLUMNS} FROM ${jobs}
-WHERE [Queue] = @queue AND [State] = 'dead' AND (@afterId IS NULL OR [Id] > @afterId)
-ORDER BY [Id];`,
+    // ORDER BY names the table's column: the select list's [Id] is text and would sort 10 before 9.
+    // ISNULL keeps the predicate a seek on IX_Jobs_Dead for every page (ids start at 1).
+    listDead: `SELECT TOP (@limit) ${JOB_COLUMNS} FROM ${jobs} AS j
+WHERE j.[Queue] = @queue AND j.[State] = 'dead' AND j.[Id] > ISNULL(@afterId, 0)
+ORDER BY j.[Id];`,
 
     // @queue, @ids IdList
     retryDead: `DECLARE @retried TABLE ([Id] bigint NOT NULL PRIMARY KEY);

@@ -25,6 +25,7 @@ import type {
 import { assertSchemaName } from '../../core/validation.js';
 import { withTimeout } from '../store.util.js';
 import { isLockConflict, isTransientMssqlError } from './mssql.errors.js';
+import { assertMssqlSchemaName } from './mssql.identifiers.js';
 import {
   MSSQL_LATEST_VERSION,
   MSSQL_MIGRATIONS,
@@ -37,12 +38,15 @@ import {
 import { MSSQL_TABLE_TYPES, mssqlQueries, type MssqlQueries } from './mssql.queries.js';
 
 const LOCK_CONFLICT_RETRIES = 3;
-const PURGE_BATCH = 5_000;
+/** Below SQL Server's lock escalation threshold (5,000 locks per statement). */
+const PURGE_BATCH = 4_000;
 const MIGRATION_LOCK_TIMEOUT_MS = 120_000;
 const IDEMPOTENT_ENQUEUE_ROUNDS = 3;
 /** THROW number raised by the claim when it finds an open transaction. */
 const CLAIM_IN_TRANSACTION = 51001;
 const INT_MAX = 2_147_483_647;
+/** Offsets are split into int seconds by the SQL, so this is the largest that fits (~68 years). */
+const MAX_OFFSET_MS = INT_MAX * 1000;
 
 type Row = Record<string, unknown>;
 type Bind = (request: sql.Request) => void;
@@ -57,7 +61,7 @@ export class MssqlQueueStore implements QueueStore {
     private readonly ownsPool: boolean,
     readonly schema: string,
   ) {
-    assertSchemaName(schema);
+    assertMssqlSchemaName(assertSchemaName(schema));
     this.sql = mssqlQueries(schema);
   }
 
@@ -81,18 +85,18 @@ export class MssqlQueueStore implements QueueStore {
     const transaction = new sql.Transaction(pool);
     await transaction.begin(sql.ISOLATION_LEVEL.READ_COMMITTED);
     try {
-      await transaction
-        .request()
+      // The lock may wait for another instance's install: longer than the default request timeout.
+      const request = () => requestWithTimeout(transaction, MIGRATION_LOCK_TIMEOUT_MS + 30_000);
+      await request()
         .input('resource', sql.NVarChar(255), mssqlMigrationLockResource(this.schema))
         .input('timeoutMs', sql.Int, MIGRATION_LOCK_TIMEOUT_MS)
         .batch(mssqlMigrationLock());
-      for (const batch of mssqlBootstrap(this.schema)) await transaction.request().batch(batch);
-      const current = await this.readVersion(transaction.request());
+      for (const batch of mssqlBootstrap(this.schema)) await request().batch(batch);
+      const current = await this.readVersion(request());
       this.assertVersion(current, 'auto');
       for (const migration of MSSQL_MIGRATIONS.filter((m) => m.version > current)) {
-        for (const batch of migration.batches(this.schema)) await transaction.request().batch(batch);
-        await transaction
-          .request()
+        for (const batch of migration.batches(this.schema)) await request().batch(batch);
+        await request()
           .input('version', sql.Int, migration.version)
           .input('description', sql.NVarChar(400), migration.description)
           .query(mssqlRecordVersion(this.schema));
@@ -190,7 +194,7 @@ export class MssqlQueueStore implements QueueStore {
     const table = new sql.Table(`${this.schema}.${MSSQL_TABLE_TYPES.owned}`);
     table.columns.add('Id', sql.BigInt, { nullable: false });
     table.columns.add('Token', sql.UniqueIdentifier, { nullable: false });
-    for (const item of items) table.rows.add(item.id, item.claimToken);
+    for (const item of uniqueById(items)) table.rows.add(item.id, item.claimToken);
     return table;
   }
 
@@ -236,7 +240,7 @@ export class MssqlQueueStore implements QueueStore {
     table.columns.add('Token', sql.UniqueIdentifier, { nullable: false });
     table.columns.add('LeaseMs', sql.Int, { nullable: false });
     table.columns.add('MaxMs', sql.Int, { nullable: true });
-    for (const item of items) {
+    for (const item of uniqueById(items)) {
       table.rows.add(
         item.id,
         item.claimToken,
@@ -266,7 +270,7 @@ export class MssqlQueueStore implements QueueStore {
     table.columns.add('DelayMs', sql.Int, { nullable: false });
     table.columns.add('Dead', sql.Bit, { nullable: false });
     table.columns.add('WorkerId', sql.NVarChar(255), { nullable: true });
-    for (const item of items) {
+    for (const item of uniqueById(items)) {
       table.rows.add(
         item.id,
         item.claimToken,
@@ -373,7 +377,7 @@ export class MssqlQueueStore implements QueueStore {
       const rows = await this.run<{ Deleted: number }>('purgeDead', (r) =>
         r
           .input('queue', sql.NVarChar(128), queue)
-          .input('olderThanMs', sql.BigInt, options?.olderThanMs ?? 0)
+          .input('olderThanMs', sql.BigInt, Math.min(options?.olderThanMs ?? 0, MAX_OFFSET_MS))
           .input('batch', sql.Int, PURGE_BATCH),
       );
       const deleted = Number(rows[0]?.Deleted ?? 0);
@@ -385,9 +389,13 @@ export class MssqlQueueStore implements QueueStore {
   async cleanup(request: CleanupRequest): Promise<number> {
     const rows = await this.run<{ Deleted: number }>('cleanup', (r) =>
       r
-        .input('doneMs', sql.BigInt, request.doneRetentionMs)
-        .input('keyMs', sql.BigInt, request.idempotencyRetentionMs)
-        .input('deadMs', sql.BigInt, request.deadRetentionMs)
+        .input('doneMs', sql.BigInt, Math.min(request.doneRetentionMs, MAX_OFFSET_MS))
+        .input('keyMs', sql.BigInt, Math.min(request.idempotencyRetentionMs, MAX_OFFSET_MS))
+        .input(
+          'deadMs',
+          sql.BigInt,
+          request.deadRetentionMs === null ? null : Math.min(request.deadRetentionMs, MAX_OFFSET_MS),
+        )
         .input('batch', sql.Int, request.batchSize),
     );
     return Number(rows[0]?.Deleted ?? 0);
@@ -429,6 +437,21 @@ export class MssqlQueueStore implements QueueStore {
       }
     }
   }
+}
+
+/** mssql 12 accepts a per-request timeout as a second constructor argument; its types lag behind. */
+function requestWithTimeout(parent: sql.Transaction, requestTimeout: number): sql.Request {
+  const RequestWithOverrides = sql.Request as unknown as new (
+    parent: sql.Transaction,
+    overrides: { requestTimeout: number },
+  ) => sql.Request;
+  return new RequestWithOverrides(parent, { requestTimeout });
+}
+
+/** The table types key on Id; a repeated id in one call keeps its first entry (as the engine never repeats one). */
+function uniqueById<T extends { id: string }>(items: readonly T[]): T[] {
+  const seen = new Set<string>();
+  return items.filter((item) => !seen.has(item.id) && seen.add(item.id));
 }
 
 function bindOne(job: NewJob): Bind {

@@ -211,9 +211,10 @@ FROM ${jobs} WHERE id = $1 AND state = 'done'
 ORDER BY finished_at, attempt`,
 
     // $1 queue, $2 after id (or null), $3 limit
-    listDead: `SELECT ${JOB_COLUMNS} FROM ${jobs}
-WHERE queue = $1 AND state = 'dead' AND ($2::bigint IS NULL OR id > $2::bigint)
-ORDER BY id
+    // ORDER BY names the table's column: the select list's `id` is text and would sort 10 before 9.
+    listDead: `SELECT ${JOB_COLUMNS} FROM ${jobs} AS j
+WHERE j.queue = $1 AND j.state = 'dead' AND j.id > COALESCE($2::bigint, 0)
+ORDER BY j.id
 LIMIT $3`,
 
     // $1 queue, $2 jsonb array of ids
@@ -244,8 +245,10 @@ RETURNING id::text AS id`,
   UNION ALL
   (SELECT id FROM ${jobs}
    WHERE $3::float8 IS NOT NULL AND state = 'dead'
-     AND finished_at < now() - GREATEST($3::float8, $2::float8) * interval '1 millisecond'
-   ORDER BY id LIMIT $4)
+     AND finished_at < now() - $3::float8 * interval '1 millisecond'
+     AND (idempotency_key IS NULL
+          OR finished_at < now() - GREATEST($3::float8, $2::float8) * interval '1 millisecond')
+   ORDER BY finished_at LIMIT $4)
 )`,
 
     notify: `SELECT pg_notify($1, $2)`,

@@ -1,0 +1,136 @@
+import { describe, expect, it } from 'vitest';
+import { SqlQueueConfigError, SqlQueueValidationError } from '../../lib/src/core/errors.js';
+import { resolveConsumerOptions, resolveQueueOptions, validateQueueMap } from '../../lib/src/core/options.js';
+import { assertSchemaName, prepareJob } from '../../lib/src/core/validation.js';
+import { assertMssqlSchemaName } from '../../lib/src/store/mssql/mssql.identifiers.js';
+import { resolveModuleOptions } from '../../lib/src/nest/sql-queue.options.js';
+
+const limits = { maxPayloadBytes: 100, defaultMaxAttempts: 7 };
+
+describe('enqueue arguments are checked before any SQL runs', () => {
+  it('prepares a valid job with defaults', () => {
+    expect(prepareJob('emails', { to: 'a@b' }, undefined, limits)).toEqual({
+      queue: 'emails',
+      payload: '{"to":"a@b"}',
+      priority: 0,
+      runAt: null,
+      delayMs: 0,
+      groupKey: null,
+      idempotencyKey: null,
+      maxAttempts: 7,
+    });
+  });
+
+  it.each([
+    ['a queue name with a space', () => prepareJob('a b', {}, {}, limits), /queue name 'a b' is invalid/],
+    ['a queue name with a quote', () => prepareJob("x'--", {}, {}, limits), /queue name/],
+    ['a non-serializable payload', () => prepareJob('q', { n: 1n }, {}, limits), /not JSON-serializable/],
+    ['a function payload', () => prepareJob('q', () => 1, {}, limits), /not JSON-serializable \(got function\)/],
+    [
+      'a payload over the size limit',
+      () => prepareJob('q', 'x'.repeat(200), {}, limits),
+      /202 bytes of JSON, over the limit of 100/,
+    ],
+    ['a negative delay', () => prepareJob('q', {}, { delayMs: -1 }, limits), /delayMs must be an integer from 0/],
+    ['a fractional delay', () => prepareJob('q', {}, { delayMs: 1.5 }, limits), /delayMs/],
+    ['runAt and delayMs together', () => prepareJob('q', {}, { delayMs: 1, runAt: new Date() }, limits), /not both/],
+    [
+      'an invalid date',
+      () => prepareJob('q', {}, { runAt: new Date(Number.NaN) }, limits),
+      /runAt must be a valid Date/,
+    ],
+    [
+      'maxAttempts below 1',
+      () => prepareJob('q', {}, { maxAttempts: 0 }, limits),
+      /maxAttempts must be an integer from 1/,
+    ],
+    ['priority out of range', () => prepareJob('q', {}, { priority: 40_000 }, limits), /priority/],
+    [
+      'an empty idempotency key',
+      () => prepareJob('q', {}, { idempotencyKey: '' }, limits),
+      /idempotencyKey must be a non-empty/,
+    ],
+    [
+      'a key with trailing space',
+      () => prepareJob('q', {}, { idempotencyKey: 'k ' }, limits),
+      /must not end with whitespace/,
+    ],
+    ['a long group key', () => prepareJob('q', {}, { groupKey: 'g'.repeat(256) }, limits), /groupKey/],
+  ])('rejects %s', (_name, call, message) => {
+    expect(call).toThrow(SqlQueueValidationError);
+    expect(call).toThrow(message);
+  });
+
+  it('names the bad item of a bulk call', () => {
+    expect(() => prepareJob('q', {}, { priority: 0.5 }, limits, 'item 3')).toThrow(
+      /enqueue to 'q' \(item 3\): priority/,
+    );
+  });
+});
+
+describe('identifiers', () => {
+  it.each(['sqlqueue', 'Queue_2', '_private'])('accepts schema %s', (name) => {
+    expect(assertSchemaName(name)).toBe(name);
+  });
+
+  it.each(['x"; DROP TABLE jobs; --', 'a.b', 'a]b', '1abc', '', 'é', 'a'.repeat(64)])('refuses schema %j', (name) => {
+    expect(() => assertSchemaName(name)).toThrow(SqlQueueConfigError);
+  });
+
+  it('refuses T-SQL reserved keywords as SQL Server schema names, whatever their case', () => {
+    expect(() => assertMssqlSchemaName('public')).toThrow(/reserved keyword/);
+    expect(() => assertMssqlSchemaName('User')).toThrow(/reserved keyword/);
+    expect(assertMssqlSchemaName('jobs')).toBe('jobs');
+  });
+});
+
+describe('options fail at boot with the place and the rule', () => {
+  const consumer = resolveConsumerOptions(undefined);
+
+  it('resolves queue options: handler over module over defaults', () => {
+    const resolved = resolveQueueOptions(
+      'q',
+      { module: { maxReaders: 8, leaseMs: 5_000 }, handler: { maxReaders: 3 } },
+      consumer,
+    );
+    expect(resolved).toMatchObject({
+      minReaders: 1,
+      maxReaders: 3,
+      batchSize: 3,
+      leaseMs: 5_000,
+      prefetch: 0,
+      maxAttempts: 25,
+    });
+    expect(resolved.minPollMs).toBe(50);
+    expect(resolved.maxPollMs).toBe(2_000);
+  });
+
+  it.each([
+    [{ maxReaders: 0 }, /maxReaders must be an integer from 1/],
+    [{ leaseMs: 10 }, /leaseMs must be an integer from 100/],
+    [{ batchSize: 5_000 }, /batchSize/],
+    [{ readers: 2 }, /unknown option 'readers'/],
+    [{ minReaders: 4, maxReaders: 2 }, /minReaders \(4\) is greater than maxReaders \(2\)/],
+    [{ minPollMs: 500, maxPollMs: 100 }, /minPollMs \(500\) is greater than maxPollMs \(100\)/],
+    [{ backoff: { type: 'fixed' } }, /backoff\.delayMs/],
+  ])('rejects %j', (options, message) => {
+    expect(() => resolveQueueOptions('q', { handler: options as never }, consumer, "@QueueHandler('q') on X")).toThrow(
+      message,
+    );
+  });
+
+  it('checks the module map and module-level options', () => {
+    expect(() => validateQueueMap({ 'bad name': {} })).toThrow(/queue name 'bad name'/);
+    expect(() => resolveModuleOptions({} as never)).toThrow(/connection is required/);
+    expect(() => resolveModuleOptions({ connection: {} as never, colour: 'red' } as never)).toThrow(
+      /unknown option 'colour'/,
+    );
+    expect(() => resolveModuleOptions({ connection: {} as never, maxPayloadBytes: 0 })).toThrow(/maxPayloadBytes/);
+    expect(() => resolveModuleOptions({ connection: {} as never, reaper: { intervalMs: 1 } })).toThrow(
+      /reaper\.intervalMs/,
+    );
+    expect(() => resolveModuleOptions({ connection: {} as never, consumer: { enabled: 'yes' as never } })).toThrow(
+      /consumer\.enabled must be true or false/,
+    );
+  });
+});
