@@ -1,4 +1,5 @@
-// Public API of nestjs-sql-queue. Terminus health indicators live in 'nestjs-sql-queue/health'.
+// Public API of nestjs-sql-queue. Terminus health indicators live in 'nestjs-sql-queue/health',
+// the Prometheus exporter in 'nestjs-sql-queue/prometheus': each pulls in its optional peer.
 export { SqlQueueModule } from './nest/sql-queue.module.js';
 export { SQL_QUEUE_MODULE_OPTIONS } from './nest/sql-queue.module-definition.js';
 export type { SqlQueueModuleOptions } from './nest/sql-queue.options.js';
@@ -8,6 +9,15 @@ export type { QueueHandlerOptions, QueueJobHandler, QueueHandlerMetadata } from 
 export { SqlQueueConsumerHost } from './nest/consumer.host.js';
 export { SQL_QUEUE_RUNTIME } from './nest/sql-queue.tokens.js';
 export type { SqlQueueRuntime } from './nest/sql-queue.runtime.js';
+export { SqlQueueMetrics } from './nest/sql-queue.metrics.js';
+export type {
+  SqlQueueMetricsSnapshot,
+  SqlQueueProcessFigures,
+  SqlQueueQueueMetrics,
+  SqlQueueReaderState,
+} from './nest/sql-queue.metrics.js';
+export { DEFAULT_LATENCY_BUCKETS_SECONDS } from './core/queue-metrics.js';
+export type { HistogramSnapshot, MetricsOptions, QueueEventFigures, QueueHealthReading } from './core/queue-metrics.js';
 
 export type { JobContext, JobHandler } from './core/handler.js';
 export type { EnqueueCallOptions, EnqueueItem } from './core/producer.js';
@@ -27,6 +37,8 @@ export type {
   JobRecord,
   JobState,
   QueueStats,
+  QueueHealth,
+  QueueHealthRequest,
 } from './core/types.js';
 export {
   SqlQueueError,

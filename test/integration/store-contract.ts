@@ -776,5 +776,101 @@ export function describeStoreContract(target: StoreTarget): void {
         await expect(store.ping(5_000)).resolves.toBeUndefined();
       });
     });
+
+    describe('queue health: every queue in one statement, for scrapes', () => {
+      const HOUR = 3_600_000;
+
+      async function failOnce(queue: string, options: { dead?: boolean } = {}): Promise<ClaimedJob> {
+        const claimed = await claimOne(queue, 600_000);
+        const [result] = await store.fail([
+          {
+            id: claimed.id,
+            claimToken: claimed.claimToken,
+            error: 'boom',
+            stack: null,
+            retryDelayMs: 0,
+            dead: options.dead ?? false,
+            workerId: WORKER,
+          },
+        ]);
+        expect(result!.outcome).toBe('ok');
+        return claimed;
+      }
+
+      it('reports live figures, recent failures and repeatedly failing jobs, equal to stats()', async () => {
+        const queue = newQueue('health');
+        // One job fails three times and waits again: the job a queue length hides.
+        const [stubborn] = await store.enqueue([job(queue, { stubborn: true }, { maxAttempts: 10 })]);
+        for (let i = 0; i < 3; i++) expect((await failOnce(queue)).id).toBe(stubborn!.jobId);
+        await store.enqueue([job(queue, { a: 1 }), job(queue, { a: 2 })]);
+        await store.enqueue([job(queue, { later: true }, { delayMs: HOUR })]);
+        // Dead at once (an unrecoverable error): one more recent failure.
+        const [poison] = await store.enqueue([job(queue, { poison: true }, { priority: 9 })]);
+        expect((await failOnce(queue, { dead: true })).id).toBe(poison!.jobId);
+        // A lease that expires, is reaped (a recent lease expiry) and is claimed again.
+        const [lost] = await store.enqueue([job(queue, { lost: true }, { priority: 8 })]);
+        const first = await claimOne(queue, 1);
+        expect(first.id).toBe(lost!.jobId);
+        await reapUntil(queue, first.id);
+        const again = await claimOne(queue, 600_000);
+        expect(again.id).toBe(lost!.jobId);
+
+        const all = await store.queueHealth({ failureWindowMs: HOUR, repeatedFailures: 3 });
+        const health = all.find((q) => q.queue === queue);
+        expect(health).toEqual({
+          queue,
+          ready: 3,
+          delayed: 1,
+          leased: 1,
+          expiredLeases: 0,
+          dead: 1,
+          retrying: 1,
+          repeatedlyFailing: 1,
+          recentFailures: 4,
+          recentLeaseExpiries: 1,
+          oldestReadyAgeMs: expect.any(Number),
+        });
+        const stats = await store.stats(queue);
+        const { recentFailures, recentLeaseExpiries, repeatedlyFailing, ...live } = health!;
+        expect({ ...live, oldestReadyAgeMs: 0 }).toEqual({ ...stats, oldestReadyAgeMs: 0 });
+        expect([recentFailures, recentLeaseExpiries, repeatedlyFailing]).toEqual([4, 1, 1]);
+        expect(Math.abs(live.oldestReadyAgeMs - stats.oldestReadyAgeMs)).toBeLessThan(5_000);
+        // A higher threshold: the job that failed three times is not "repeatedly failing" at 4.
+        const stricter = await store.queueHealth({ failureWindowMs: HOUR, repeatedFailures: 4 });
+        expect(stricter.find((q) => q.queue === queue)?.repeatedlyFailing).toBe(0);
+        // Queues come back in name order, each once.
+        const names = all.map((q) => q.queue);
+        expect(names).toEqual([...new Set(names)].sort());
+      });
+
+      it('counts a leased job as repeatedly failing by the failures before its current attempt', async () => {
+        const queue = newQueue('healthleased');
+        await store.enqueue([job(queue, {}, { maxAttempts: 10 })]);
+        for (let i = 0; i < 2; i++) await failOnce(queue);
+        await claimOne(queue, 600_000); // third attempt running: two failures so far
+        const read = async (repeatedFailures: number) =>
+          (await store.queueHealth({ failureWindowMs: HOUR, repeatedFailures })).find((q) => q.queue === queue);
+        expect(await read(2)).toMatchObject({ leased: 1, repeatedlyFailing: 1, recentFailures: 2 });
+        expect(await read(3)).toMatchObject({ leased: 1, repeatedlyFailing: 0 });
+      });
+
+      it('leaves out a queue with only finished jobs and no failures in the window', async () => {
+        const queue = newQueue('healthdone');
+        await store.enqueue([job(queue, { n: 1 }), job(queue, { n: 2 })]);
+        await failOnce(queue);
+        const claimed = await store.claim({ queue, limit: 2, leaseMs: 60_000, workerId: WORKER });
+        expect(claimed).toHaveLength(2);
+        await store.complete(claimed.map((c) => ({ id: c.id, claimToken: c.claimToken })));
+        const withFailure = await store.queueHealth({ failureWindowMs: HOUR, repeatedFailures: 3 });
+        expect(withFailure.find((q) => q.queue === queue)).toMatchObject({ ready: 0, leased: 0, recentFailures: 1 });
+        // Once the failure is older than the window, nothing is left to report for the queue.
+        await waitFor(
+          async () =>
+            (await store.queueHealth({ failureWindowMs: 1, repeatedFailures: 3 })).some((q) => q.queue === queue),
+          (present) => !present,
+          { what: `queue ${queue} to drop out of queueHealth` },
+        );
+      });
+    });
   });
 }

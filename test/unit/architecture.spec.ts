@@ -71,6 +71,35 @@ describe('layering: dependency arrows point down only', () => {
     }
   });
 
+  it('prom-client stays behind the prometheus entry point (an optional peer)', () => {
+    for (const f of files.filter((x) => !relative(LIB, x.file).includes('prometheus'))) {
+      expect(f.targets.includes('prom-client'), relative(LIB, f.file)).toBe(false);
+    }
+  });
+
+  it('the main entry point does not reach Terminus or prom-client through its imports', () => {
+    const byPath = new Map(files.map((f) => [f.file, f]));
+    const seen = new Set<string>();
+    const visit = (file: string): void => {
+      if (seen.has(file)) return;
+      seen.add(file);
+      for (const spec of importsOf(file).filter((s) => s.startsWith('.'))) {
+        const next = join(file, '..', spec.replace(/\.js$/, '.ts'));
+        if (byPath.has(next)) visit(next);
+      }
+    };
+    visit(join(LIB, 'index.ts'));
+    for (const file of seen) {
+      const f = byPath.get(file)!;
+      const where = relative(LIB, file);
+      expect(
+        f.targets.filter((t) => t === '@nestjs/terminus' || t === 'prom-client'),
+        where,
+      ).toEqual([]);
+    }
+    expect(seen.size).toBeGreaterThan(10);
+  });
+
   it('relative imports are ESM-clean (end in .js)', () => {
     for (const f of files) {
       for (const spec of importsOf(f.file).filter((s) => s.startsWith('.'))) {

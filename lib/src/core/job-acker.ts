@@ -8,7 +8,12 @@ import type { ClaimedJob } from './types.js';
 /** A job this process holds a lease on, from claim until its outcome is recorded. */
 export interface HeldJob {
   job: ClaimedJob;
-  controller: AbortController;
+  /** Created on first use of `context.signal`: most handlers never look at it. */
+  controller: AbortController | null;
+  aborted: boolean;
+  abortReason: unknown;
+  /** Set while the handler runs: starts the grace period after which a deaf handler is abandoned. */
+  onAbort: (() => void) | null;
   /** Engine clock when the claim was sent: a lower bound for the lease's start. */
   claimedAtLocal: number;
   renewedAtLocal: number;
@@ -18,6 +23,24 @@ export interface HeldJob {
   lost: boolean;
   timedOut: boolean;
   shutdownAborted: boolean;
+}
+
+/** The job's abort signal, created on demand (already aborted if the job was). */
+export function signalOf(held: HeldJob): AbortSignal {
+  if (!held.controller) {
+    held.controller = new AbortController();
+    if (held.aborted) held.controller.abort(held.abortReason);
+  }
+  return held.controller.signal;
+}
+
+/** Aborts a job's handler once: the signal fires and the abandon grace period starts. */
+export function abortJob(held: HeldJob, reason: unknown): void {
+  if (held.aborted) return;
+  held.aborted = true;
+  held.abortReason = reason;
+  held.controller?.abort(reason);
+  held.onAbort?.();
 }
 
 interface Pending {

@@ -9,7 +9,7 @@ import {
 } from './errors.js';
 import { safeEmit, type QueueEventListener } from './events.js';
 import type { JobContext, JobHandler } from './handler.js';
-import { JobAcker, type HeldJob } from './job-acker.js';
+import { abortJob, JobAcker, signalOf, type HeldJob } from './job-acker.js';
 import { ThrottledErrorLog, type QueueLogger } from './logger.js';
 import type { ResolvedQueueOptions } from './options.js';
 import type { QueueStore } from './queue-store.js';
@@ -58,7 +58,11 @@ export class QueueConsumer {
   private readonly buffer: HeldJob[] = [];
   private readonly held = new Map<string, HeldJob>();
   private readonly running = new Map<string, Promise<void>>();
-  private claiming = false;
+  /** Claim statements in flight, and how many jobs they asked for. */
+  private claimsInFlight = 0;
+  private requested = 0;
+  private claimScheduled = false;
+  private wokenDuringClaim = false;
   private stopping = false;
   private started = false;
   /** Set while the claim loop pauses after an empty claim; aborting it wakes the loop. */
@@ -105,6 +109,9 @@ export class QueueConsumer {
   wake(): void {
     if (this.stopping) return;
     this.pollBackoff.reset();
+    // A claim already in flight may have looked before the new job committed: if it comes
+    // back empty, claim again at once instead of pausing.
+    if (this.claimsInFlight > 0) this.wokenDuringClaim = true;
     this.idleSleep?.abort();
     this.pump();
   }
@@ -165,18 +172,38 @@ export class QueueConsumer {
 
   // ---- the claim loop ---------------------------------------------------------------------
 
-  /** Hands buffered jobs to waiting readers and starts a claim when more are wanted. */
+  /** Hands buffered jobs to waiting readers and schedules a claim when more are wanted. */
   private pump(): void {
     while (this.waiting.length > 0 && this.buffer.length > 0) this.waiting.shift()!(this.buffer.shift()!);
-    if (this.stopping || this.claiming || this.idleSleep) return;
-    const wanted = this.waiting.length + this.options.prefetch - this.buffer.length;
-    // Top up a prefetch buffer in batches, not one job at a time.
-    if (wanted <= 0 || (this.waiting.length === 0 && this.buffer.length > this.options.prefetch / 2)) return;
-    this.claiming = true;
-    void this.claim(Math.min(this.options.batchSize, wanted)).finally(() => {
-      this.claiming = false;
-      this.pump();
+    if (this.claimScheduled || this.stopping || this.idleSleep) return;
+    // Deferred one turn of the event loop: readers that finish in the same turn then share one
+    // claim statement instead of each sending its own.
+    this.claimScheduled = true;
+    setImmediate(() => {
+      this.claimScheduled = false;
+      this.startClaims();
     });
+  }
+
+  private startClaims(): void {
+    // With a prefetch buffer, a second claim may overlap the first, so the buffer refills
+    // while readers drain it; without one, claims follow the readers that wait.
+    const maxInFlight = this.options.prefetch > 0 ? 2 : 1;
+    while (!this.stopping && !this.idleSleep && this.claimsInFlight < maxInFlight) {
+      const wanted = this.waiting.length + this.options.prefetch - this.buffer.length - this.requested;
+      // Top up a prefetch buffer in batches, not one job at a time.
+      if (wanted <= 0) return;
+      if (this.waiting.length === 0 && this.buffer.length + this.requested > this.options.prefetch / 2) return;
+      const limit = Math.min(this.options.batchSize, wanted);
+      this.wokenDuringClaim = false;
+      this.claimsInFlight++;
+      this.requested += limit;
+      void this.claim(limit).finally(() => {
+        this.claimsInFlight--;
+        this.requested -= limit;
+        this.pump();
+      });
+    }
   }
 
   private async claim(limit: number): Promise<void> {
@@ -207,6 +234,10 @@ export class QueueConsumer {
       return;
     }
     if (claimed.length === 0) {
+      if (this.wokenDuringClaim) {
+        this.wokenDuringClaim = false;
+        return;
+      }
       this.lastEmptyClaimAt = this.deps.clock.now();
       safeEmit(this.deps.listeners, 'emptyClaim', { queue: this.queue });
       this.retireSurplusWaiters();
@@ -276,7 +307,10 @@ export class QueueConsumer {
   private hold(job: ClaimedJob, claimedAtLocal: number): HeldJob {
     const held: HeldJob = {
       job,
-      controller: new AbortController(),
+      controller: null,
+      aborted: false,
+      abortReason: undefined,
+      onAbort: null,
       claimedAtLocal,
       renewedAtLocal: claimedAtLocal,
       localLeaseUntil: claimedAtLocal + this.options.leaseMs,
@@ -305,7 +339,9 @@ export class QueueConsumer {
       groupKey: job.groupKey,
       enqueuedAt: job.enqueuedAt,
       claimedAt: job.claimedAt,
-      signal: held.controller.signal,
+      get signal() {
+        return signalOf(held);
+      },
       extendLease: (ms) => this.extendLease(held, ms),
     };
     const execution = this.execute(held, context);
@@ -325,12 +361,21 @@ export class QueueConsumer {
         () => ({ ok: true }) as const,
         (error: unknown) => ({ ok: false, error }) as const,
       );
-    const abandoned = this.abandonedAfterAbort(held);
-    const result = await Promise.race([handled, abandoned.promise]);
-    abandoned.cancel();
+    // Race the handler against abandonment, which only starts once the job is aborted: a
+    // handler that ignores its signal must not hold a reader forever.
+    const result = await new Promise<Awaited<typeof handled> | 'abandoned'>((resolve) => {
+      void handled.then(resolve);
+      const startGrace = () => {
+        const grace = held.shutdownAborted ? SHUTDOWN_ABANDON_GRACE_MS : ABANDON_GRACE_MS;
+        void this.deps.clock.sleep(grace).then(() => resolve('abandoned'));
+      };
+      if (held.aborted) startGrace();
+      else held.onAbort = startGrace;
+    });
+    held.onAbort = null;
     if (result === 'abandoned') {
       this.deps.logger.warn(
-        `job ${job.id} in queue '${job.queue}': handler ignored its abort signal (${describeReason(held.controller.signal.reason)}); the reader moves on and the lease decides the job's fate`,
+        `job ${job.id} in queue '${job.queue}': handler ignored its abort signal (${describeReason(held.abortReason)}); the reader moves on and the lease decides the job's fate`,
       );
       safeEmit(this.deps.listeners, 'abandoned', { queue: job.queue, jobId: job.id });
       this.forget(held);
@@ -353,25 +398,6 @@ export class QueueConsumer {
     const error = outcome.error;
     const dead = error instanceof SqlQueueUnrecoverableError;
     this.acker.fail(held, error, dead ? 0 : this.options.retryDelay(job.attempt, error), dead);
-  }
-
-  /** Resolves 'abandoned' some time after the job's signal aborted, if the handler ignores it. */
-  private abandonedAfterAbort(held: HeldJob): { promise: Promise<'abandoned'>; cancel(): void } {
-    const cancelled = new AbortController();
-    const promise = new Promise<'abandoned'>((resolve) => {
-      const onAbort = () => {
-        const grace = held.shutdownAborted ? SHUTDOWN_ABANDON_GRACE_MS : ABANDON_GRACE_MS;
-        void this.deps.clock.sleep(grace, cancelled.signal).then(() => {
-          if (!cancelled.signal.aborted) resolve('abandoned');
-        });
-      };
-      if (held.controller.signal.aborted) onAbort();
-      else held.controller.signal.addEventListener('abort', onAbort, { once: true });
-      cancelled.signal.addEventListener('abort', () => held.controller.signal.removeEventListener('abort', onAbort), {
-        once: true,
-      });
-    });
-    return { promise, cancel: () => cancelled.abort() };
   }
 
   // ---- leases -----------------------------------------------------------------------------
@@ -410,7 +436,8 @@ export class QueueConsumer {
         }
         if (now >= held.localLeaseUntil) {
           // Could not renew in time (database unreachable): another worker may own it by now.
-          held.controller.abort(
+          abortJob(
+            held,
             new SqlQueueLeaseLostError(held.job.queue, held.job.id, 'the lease could not be renewed before it expired'),
           );
         }
@@ -433,7 +460,13 @@ export class QueueConsumer {
         if (result?.outcome === 'ok') {
           held.renewedAtLocal = requestedAt;
           held.localLeaseUntil = requestedAt + this.options.leaseMs;
-        } else if (this.held.get(held.job.id) === held) {
+        } else if (
+          this.held.get(held.job.id) === held &&
+          (this.running.has(held.job.id) || this.buffer.includes(held))
+        ) {
+          // Only a job still running or waiting can lose its lease here. Once its handler has
+          // returned, its outcome is in flight, and that token-checked write ('ok', 'already'
+          // or 'lost') decides and reports, not a renewal racing it.
           this.markLost(held);
         }
       }
@@ -455,7 +488,7 @@ export class QueueConsumer {
       during: 'heartbeat',
       outcome: 'lost',
     });
-    held.controller.abort(error);
+    abortJob(held, error);
     const index = this.buffer.indexOf(held);
     if (index >= 0) this.buffer.splice(index, 1);
     if (!this.running.has(held.job.id)) this.forget(held);
@@ -466,7 +499,7 @@ export class QueueConsumer {
     held.timedOut = true;
     const error = new SqlQueueJobTimeoutError(held.job.queue, held.job.id, maxDurationMs);
     this.deps.logger.warn(`${error.message}; aborting its handler and recording the attempt as failed`);
-    held.controller.abort(error);
+    abortJob(held, error);
     this.acker.fail(held, error, this.options.retryDelay(held.job.attempt, error), false);
   }
 
@@ -497,9 +530,9 @@ export class QueueConsumer {
     if (!finishedInTime) {
       for (const id of this.running.keys()) {
         const held = this.held.get(id);
-        if (!held || held.controller.signal.aborted) continue;
+        if (!held || held.aborted) continue;
         held.shutdownAborted = true;
-        held.controller.abort(new SqlQueueShutdownError());
+        abortJob(held, new SqlQueueShutdownError());
         aborted++;
       }
       await allDone();

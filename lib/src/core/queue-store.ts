@@ -14,6 +14,8 @@ import type {
   JobRecord,
   NewJob,
   OwnedJob,
+  QueueHealth,
+  QueueHealthRequest,
   QueueStats,
   ReapedJob,
 } from './types.js';
@@ -74,6 +76,14 @@ export interface QueueStore {
   hasClaimableWork(queue: string): Promise<boolean>;
 
   stats(queue: string): Promise<QueueStats>;
+
+  /**
+   * The figures of every queue that has live jobs (ready, leased or dead) or attempts that
+   * ended within the failure window, in one round trip, for metrics scrapes. Index-backed: the
+   * cost follows live rows and recent attempts, never the finished history. Never waits on a
+   * producer's or claimer's open transaction (rows locked at that instant are not counted).
+   */
+  queueHealth(request: QueueHealthRequest): Promise<QueueHealth[]>;
 
   getJob(id: JobId): Promise<JobRecord | null>;
 

@@ -186,3 +186,29 @@ export interface CleanupRequest {
   idempotencyRetentionMs: number;
   batchSize: number;
 }
+
+// ---- Health and measurements -------------------------------------------------------------
+
+/** What `QueueStore.queueHealth` counts besides the live figures of `QueueStats`. */
+export interface QueueHealthRequest {
+  /** Attempts that ended (failed or lease expired) within this many milliseconds count as recent. */
+  failureWindowMs: number;
+  /** An unfinished job that has already failed at least this many times counts as repeatedly failing. */
+  repeatedFailures: number;
+}
+
+/**
+ * One queue's figures, as read for every queue at once by `QueueStore.queueHealth`. The live
+ * figures mean what they mean in `QueueStats`; the rest come from the attempt history.
+ */
+export interface QueueHealth extends QueueStats {
+  /** Attempts that failed (handler error, timeout, unrecoverable) within the window, on every worker. */
+  recentFailures: number;
+  /** Leases the reaper found expired within the window (a worker crashed, hung or lost the database). */
+  recentLeaseExpiries: number;
+  /**
+   * Jobs not finished yet (ready or leased) that have already failed at least
+   * `repeatedFailures` times: the ones a queue length hides.
+   */
+  repeatedlyFailing: number;
+}

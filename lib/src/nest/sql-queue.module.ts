@@ -7,13 +7,14 @@ import { QueueHandlerExplorer } from './queue-handler.explorer.js';
 import { SQL_QUEUE_MODULE_OPTIONS, SqlQueueConfigurableModule } from './sql-queue.module-definition.js';
 import { SqlQueueConnectionLifecycle } from './sql-queue.lifecycle.js';
 import type { SqlQueueModuleOptions } from './sql-queue.options.js';
+import { SqlQueueMetrics } from './sql-queue.metrics.js';
 import { createSqlQueueRuntime } from './sql-queue.runtime.js';
 import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
 
 /**
  * The queue in a Nest application:
  * `SqlQueueModule.forRoot({ connection, … })` or `forRootAsync({ imports, inject, useFactory })`.
- * Exports QueueProducer; runs `@QueueHandler` providers; schedules the lease reaper through
+ * Exports QueueProducer and SqlQueueMetrics; runs `@QueueHandler` providers; schedules the lease reaper through
  * `@nestjs/schedule` (import `ScheduleModule.forRoot()` in your app).
  */
 @Module({
@@ -29,7 +30,8 @@ import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
     SqlQueueConsumerHost,
     LeaseReaperScheduler,
     SqlQueueConnectionLifecycle,
+    SqlQueueMetrics,
   ],
-  exports: [QueueProducer, SqlQueueConsumerHost, SQL_QUEUE_RUNTIME],
+  exports: [QueueProducer, SqlQueueConsumerHost, SQL_QUEUE_RUNTIME, SqlQueueMetrics],
 })
 export class SqlQueueModule extends SqlQueueConfigurableModule {}

@@ -14,6 +14,7 @@ import {
   type RetentionOptions,
 } from '../core/options.js';
 import type { MigrationMode } from '../core/queue-store.js';
+import { resolveMetricsOptions, type MetricsOptions, type ResolvedMetricsOptions } from '../core/queue-metrics.js';
 import {
   assertBoolean,
   assertInteger,
@@ -45,6 +46,8 @@ export interface SqlQueueModuleOptions {
   wakeups?: { enabled?: boolean; intervalMs?: number };
   /** Receives engine events (claims, completions, failures, lost ownership, reader counts). */
   listeners?: QueueEventListener[];
+  /** How SqlQueueMetrics measures: failure window, repeated-failure threshold, caching, histogram buckets. */
+  metrics?: MetricsOptions;
 }
 
 export interface ResolvedModuleOptions {
@@ -58,6 +61,7 @@ export interface ResolvedModuleOptions {
   maxPayloadBytes: number;
   wakeups: { enabled: boolean; intervalMs: number };
   listeners: QueueEventListener[];
+  metrics: ResolvedMetricsOptions;
 }
 
 const KNOWN = new Set([
@@ -71,6 +75,7 @@ const KNOWN = new Set([
   'maxPayloadBytes',
   'wakeups',
   'listeners',
+  'metrics',
 ]);
 
 /** Checks every module option at boot, with messages that name the option and the fix. */
@@ -112,5 +117,6 @@ export function resolveModuleOptions(raw: SqlQueueModuleOptions): ResolvedModule
       intervalMs: assertInteger('wakeups.intervalMs', wakeups.intervalMs ?? 5, 0, 60_000),
     },
     listeners: [...(raw.listeners ?? [])],
+    metrics: resolveMetricsOptions(raw.metrics),
   };
 }

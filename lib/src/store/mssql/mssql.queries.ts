@@ -29,6 +29,9 @@ export interface MssqlQueries {
   purgeDead: string;
   cleanup: string;
   ping: string;
+
+  // ---- health and measurements ----
+  queueHealth: string;
 }
 
 /** Table types; the store names them when it binds table-valued parameters. */
@@ -322,5 +325,66 @@ END;
 SELECT @deleted AS [Deleted];`,
 
     ping: 'SELECT 1 AS [Ok];',
+
+    // ---- health and measurements --------------------------------------------------------
+
+    // @windowMs bigint, @repeated int. Every queue in one batch, for scrapes. Each live figure
+    // reads one filtered index (ready, leased, dead), so done rows are never read. Attempts
+    // have no index on FinishedAt alone: their queues are walked on IX_Attempts_Recent
+    // ([Queue], [FinishedAt]) one MIN seek at a time, and each queue's recent attempts are one
+    // range seek on it. READPAST, as in stats: a monitoring read never queues behind a
+    // producer's open transaction; rows locked at that instant are simply not counted.
+    // Failures: a ready job has failed [Attempts] times, a leased one [Attempts] - 1 times.
+    queueHealth: `DECLARE @now datetime2(3) = SYSUTCDATETIME();
+DECLARE @since datetime2(3) = DATEADD(millisecond, -CAST(@windowMs % 1000 AS int), DATEADD(second, -CAST(@windowMs / 1000 AS int), @now));
+DECLARE @ready TABLE (
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY, [Ready] bigint NOT NULL,
+  [Delayed] bigint NOT NULL, [Retrying] bigint NOT NULL, [Repeated] bigint NOT NULL, [OldestDue] datetime2(3) NULL);
+DECLARE @leased TABLE (
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY, [Leased] bigint NOT NULL,
+  [Expired] bigint NOT NULL, [Repeated] bigint NOT NULL);
+DECLARE @dead TABLE ([Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY, [Dead] bigint NOT NULL);
+DECLARE @failures TABLE (
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY, [Failed] bigint NOT NULL,
+  [LeaseExpired] bigint NOT NULL);
+INSERT INTO @ready ([Queue], [Ready], [Delayed], [Retrying], [Repeated], [OldestDue])
+SELECT [Queue], COUNT_BIG(CASE WHEN [RunAt] <= @now THEN 1 END), COUNT_BIG(CASE WHEN [RunAt] > @now THEN 1 END),
+       COUNT_BIG(CASE WHEN [Attempts] > 0 THEN 1 END), COUNT_BIG(CASE WHEN [Attempts] >= @repeated THEN 1 END),
+       MIN(CASE WHEN [RunAt] <= @now THEN [RunAt] END)
+FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
+WHERE [State] = 'ready'
+GROUP BY [Queue];
+INSERT INTO @leased ([Queue], [Leased], [Expired], [Repeated])
+SELECT [Queue], COUNT_BIG(*), COUNT_BIG(CASE WHEN [LeaseUntil] < @now THEN 1 END), COUNT_BIG(CASE WHEN [Attempts] > @repeated THEN 1 END)
+FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
+WHERE [State] = 'leased'
+GROUP BY [Queue];
+INSERT INTO @dead ([Queue], [Dead])
+SELECT [Queue], COUNT_BIG(*)
+FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
+WHERE [State] = 'dead'
+GROUP BY [Queue];
+DECLARE @queue nvarchar(128) = (SELECT MIN([Queue]) FROM ${attempts} WITH (READPAST, READCOMMITTEDLOCK));
+WHILE @queue IS NOT NULL
+BEGIN
+  INSERT INTO @failures ([Queue], [Failed], [LeaseExpired])
+  SELECT @queue, COUNT_BIG(CASE WHEN [Outcome] = 'failed' THEN 1 END), COUNT_BIG(CASE WHEN [Outcome] = 'lease-expired' THEN 1 END)
+  FROM ${attempts} WITH (READPAST, READCOMMITTEDLOCK)
+  WHERE [Queue] = @queue AND [FinishedAt] > @since
+  HAVING COUNT_BIG(*) > 0;
+  SET @queue = (SELECT MIN([Queue]) FROM ${attempts} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] > @queue);
+END;
+SELECT q.[Queue], ISNULL(r.[Ready], 0) AS [Ready], ISNULL(r.[Delayed], 0) AS [Delayed], ISNULL(l.[Leased], 0) AS [Leased],
+       ISNULL(l.[Expired], 0) AS [ExpiredLeases], ISNULL(d.[Dead], 0) AS [Dead], ISNULL(r.[Retrying], 0) AS [Retrying],
+       ISNULL(r.[Repeated], 0) + ISNULL(l.[Repeated], 0) AS [RepeatedlyFailing],
+       ISNULL(f.[Failed], 0) AS [RecentFailures], ISNULL(f.[LeaseExpired], 0) AS [RecentLeaseExpiries],
+       ISNULL(DATEDIFF_BIG(millisecond, r.[OldestDue], @now), 0) AS [OldestReadyAgeMs]
+FROM (SELECT [Queue] FROM @ready UNION SELECT [Queue] FROM @leased UNION SELECT [Queue] FROM @dead
+      UNION SELECT [Queue] FROM @failures) AS q
+LEFT JOIN @ready AS r ON r.[Queue] = q.[Queue]
+LEFT JOIN @leased AS l ON l.[Queue] = q.[Queue]
+LEFT JOIN @dead AS d ON d.[Queue] = q.[Queue]
+LEFT JOIN @failures AS f ON f.[Queue] = q.[Queue]
+ORDER BY q.[Queue];`,
   };
 }

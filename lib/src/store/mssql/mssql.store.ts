@@ -19,6 +19,8 @@ import type {
   NewJob,
   OwnedJob,
   OwnershipOutcome,
+  QueueHealth,
+  QueueHealthRequest,
   QueueStats,
   ReapedJob,
 } from '../../core/types.js';
@@ -325,6 +327,28 @@ export class MssqlQueueStore implements QueueStore {
       retrying: Number(row.Retrying),
       oldestReadyAgeMs: Math.max(0, Number(row.OldestReadyAgeMs ?? 0)),
     };
+  }
+
+  async queueHealth(request: QueueHealthRequest): Promise<QueueHealth[]> {
+    const rows = await this.run<Record<string, string | number | null>>('queueHealth', (r) =>
+      r
+        .input('windowMs', sql.BigInt, Math.min(Math.max(0, Math.round(request.failureWindowMs)), MAX_OFFSET_MS))
+        .input('repeated', sql.Int, Math.min(Math.max(1, Math.round(request.repeatedFailures)), INT_MAX)),
+    );
+    // COUNT_BIG and DATEDIFF_BIG come back as bigint, which the driver hands over as strings.
+    return rows.map((row) => ({
+      queue: row.Queue as string,
+      ready: Number(row.Ready),
+      delayed: Number(row.Delayed),
+      leased: Number(row.Leased),
+      expiredLeases: Number(row.ExpiredLeases),
+      dead: Number(row.Dead),
+      retrying: Number(row.Retrying),
+      oldestReadyAgeMs: Math.max(0, Number(row.OldestReadyAgeMs ?? 0)),
+      recentFailures: Number(row.RecentFailures),
+      recentLeaseExpiries: Number(row.RecentLeaseExpiries),
+      repeatedlyFailing: Number(row.RepeatedlyFailing),
+    }));
   }
 
   async getJob(id: JobId): Promise<JobRecord | null> {

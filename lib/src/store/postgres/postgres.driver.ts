@@ -44,16 +44,25 @@ export class NodePgDriver implements PgDriver {
 
   async transaction<T>(work: (client: PgQueryable) => Promise<T>): Promise<T> {
     const client = await this.pool.connect();
+    // A checked-out client has no pool listener: if its connection drops, node-postgres emits
+    // 'error' on it (besides failing the query), and an unheard 'error' ends the process.
+    let broken: Error | undefined;
+    const onError = (error: Error) => {
+      broken = error;
+    };
+    client.on('error', onError);
     try {
       await client.query('BEGIN');
       const result = await work(client as unknown as PgQueryable);
       await client.query('COMMIT');
       return result;
     } catch (error) {
-      await client.query('ROLLBACK').catch(() => undefined);
+      if (!broken) await client.query('ROLLBACK').catch(() => undefined);
       throw error;
     } finally {
-      client.release();
+      client.removeListener('error', onError);
+      // Passing the error makes the pool discard the connection instead of reusing it.
+      client.release(broken);
     }
   }
 

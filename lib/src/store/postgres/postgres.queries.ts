@@ -4,8 +4,8 @@ import { quotePgIdentifier } from './postgres.identifiers.js';
  * PostgreSQL statements, one function each. Values are always bound parameters; the only
  * text spliced in is the schema name, validated at boot and quoted here.
  *
- * Batches travel as one jsonb parameter expanded with jsonb_to_recordset: one round trip for
- * any number of jobs, and the same text for node-postgres and PGlite.
+ * Batches travel in one round trip: as typed arrays expanded with unnest (bulk enqueue) or as
+ * one jsonb parameter expanded with jsonb_to_recordset; the same text for node-postgres and PGlite.
  *
  * Times come from the database clock (now()). In autocommit, now() is the statement's time.
  */
@@ -29,6 +29,10 @@ export interface PgQueries {
   purgeDead: string;
   cleanup: string;
   notify: string;
+
+  // ---- health and measurements ----
+  monitoringSettings: string;
+  queueHealth: string;
 }
 
 const JOB_COLUMNS = `id::text AS id, queue, state, payload, priority, run_at, group_key, idempotency_key,
@@ -47,22 +51,23 @@ VALUES ($1, 'ready', $2::jsonb, $3, COALESCE($4::timestamptz, now() + $5::float8
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id::text AS id`,
 
-    // Ids are drawn before the insert so each input row keeps its id whether or not it was
-    // inserted: results come back in input order without trusting RETURNING's order.
+    // $1 queue, then one array per column ($2 payload jsonb[], $3 priority, $4 run_at, $5 delay_ms,
+    // $6 group_key, $7 idempotency_key, $8 max_attempts). Typed arrays parse faster than one
+    // JSON document. Ids are drawn before the insert so each input row keeps its id whether or
+    // not it was inserted: results come back in input order without trusting RETURNING's order.
     enqueueMany: `WITH input AS MATERIALIZED (
   SELECT i.*, nextval('${jobIdSeq}') AS id
-  FROM jsonb_to_recordset($1::jsonb) AS i(
-    ord integer, queue text, payload jsonb, priority integer, run_at timestamptz,
-    delay_ms float8, group_key text, idempotency_key text, max_attempts integer)
+  FROM unnest($2::jsonb[], $3::int[], $4::timestamptz[], $5::float8[], $6::text[], $7::text[], $8::int[])
+       WITH ORDINALITY AS i(payload, priority, run_at, delay_ms, group_key, idempotency_key, max_attempts, ord)
 ), inserted AS (
   INSERT INTO ${jobs} (id, queue, state, payload, priority, run_at, group_key, idempotency_key, max_attempts)
-  SELECT id, queue, 'ready', payload, priority,
-         COALESCE(run_at, now() + delay_ms * interval '1 millisecond'), group_key, idempotency_key, max_attempts
+  SELECT id, $1, 'ready', payload, priority, COALESCE(run_at, now() + delay_ms * interval '1 millisecond'),
+         group_key, idempotency_key, max_attempts
   FROM input ORDER BY ord
   ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
   RETURNING id
 )
-SELECT input.ord, input.id::text AS id, (inserted.id IS NOT NULL) AS created
+SELECT (input.ord - 1)::int AS ord, input.id::text AS id, (inserted.id IS NOT NULL) AS created
 FROM input LEFT JOIN inserted ON inserted.id = input.id
 ORDER BY input.ord`,
 
@@ -87,8 +92,12 @@ SET state = 'leased', claim_token = gen_random_uuid(), attempts = j.attempts + 1
     lease_until = now() + $3::float8 * interval '1 millisecond', claimed_at = now(), worker_id = $4
 FROM candidates c
 WHERE j.id = c.id
-RETURNING j.id::text AS id, j.queue, j.payload, j.priority, j.group_key, j.idempotency_key, j.attempts,
-          j.max_attempts, j.claim_token::text AS claim_token, j.created_at, j.claimed_at, j.lease_until`,
+RETURNING j.id::text AS id, j.payload, j.priority, j.group_key, j.idempotency_key, j.attempts, j.max_attempts,
+          j.claim_token::text AS claim_token,
+          -- epoch milliseconds: far cheaper for the client to turn into Dates than timestamp text
+          (extract(epoch FROM j.created_at) * 1000)::float8 AS created_ms,
+          (extract(epoch FROM j.claimed_at) * 1000)::float8 AS claimed_ms,
+          (extract(epoch FROM j.lease_until) * 1000)::float8 AS lease_until_ms`,
 
     // $1 jsonb [{id, token, lease_ms, max_ms}]; the lease never runs past claimed_at + max_ms.
     heartbeat: `WITH input AS (
@@ -251,6 +260,71 @@ RETURNING id::text AS id`,
    ORDER BY finished_at LIMIT $4)
 )`,
 
-    notify: `SELECT pg_notify($1, $2)`,
+    // A wake-up is only a hint: its transaction need not wait for a WAL flush (is_local: this
+    // statement's own transaction only).
+    notify: `SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2)`,
+
+    // ---- health and measurements --------------------------------------------------------
+
+    // For the rest of the transaction (is_local): a monitoring read runs serially and without
+    // JIT. With a large backlog its estimated cost crosses jit_above_cost and the parallel
+    // thresholds, and on 100k ready jobs JIT compilation plus parallel workers made it 7×
+    // slower (190 ms instead of 27 ms) while taking CPU from the database mid-incident.
+    monitoringSettings: `SELECT set_config('jit', 'off', true), set_config('max_parallel_workers_per_gather', '0', true)`,
+
+    // $1 failure window ms, $2 repeated-failure threshold. Every queue in one statement, for
+    // scrapes: each live figure reads one partial index (ready, leased, dead), so done rows are
+    // never touched. The attempts table has no index on finished_at alone, so its queues are
+    // walked on (queue, finished_at) with a recursive "loose index scan" (one seek per queue),
+    // and each queue's recent attempts are one range seek on the same index.
+    // Failures: a ready job has failed `attempts` times; a leased one `attempts - 1` times.
+    queueHealth: `WITH ready AS (
+  SELECT queue,
+         count(*) FILTER (WHERE run_at <= now()) AS ready,
+         count(*) FILTER (WHERE run_at > now()) AS delayed,
+         count(*) FILTER (WHERE attempts > 0) AS retrying,
+         count(*) FILTER (WHERE attempts >= $2::int) AS repeated,
+         min(run_at) FILTER (WHERE run_at <= now()) AS oldest_due
+  FROM ${jobs} WHERE state = 'ready' GROUP BY queue
+), leased AS (
+  SELECT queue, count(*) AS leased, count(*) FILTER (WHERE lease_until < now()) AS expired_leases,
+         count(*) FILTER (WHERE attempts > $2::int) AS repeated
+  FROM ${jobs} WHERE state = 'leased' GROUP BY queue
+), dead AS (
+  SELECT queue, count(*) AS dead FROM ${jobs} WHERE state = 'dead' GROUP BY queue
+), attempt_queues AS (
+  WITH RECURSIVE walk AS (
+    (SELECT queue FROM ${attempts} ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT a.queue FROM ${attempts} a WHERE a.queue > walk.queue ORDER BY a.queue LIMIT 1)
+    FROM walk WHERE walk.queue IS NOT NULL
+  )
+  SELECT queue FROM walk WHERE queue IS NOT NULL
+), failures AS (
+  SELECT q.queue, f.failed, f.lease_expired
+  FROM attempt_queues q
+  CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE a.outcome = 'failed') AS failed,
+           count(*) FILTER (WHERE a.outcome = 'lease-expired') AS lease_expired
+    FROM ${attempts} a
+    WHERE a.queue = q.queue AND a.finished_at > now() - $1::float8 * interval '1 millisecond'
+  ) f
+  WHERE f.failed + f.lease_expired > 0
+), queues AS (
+  SELECT queue FROM ready UNION SELECT queue FROM leased UNION SELECT queue FROM dead UNION SELECT queue FROM failures
+)
+SELECT q.queue,
+       COALESCE(r.ready, 0)::float8 AS ready, COALESCE(r.delayed, 0)::float8 AS delayed,
+       COALESCE(l.leased, 0)::float8 AS leased, COALESCE(l.expired_leases, 0)::float8 AS expired_leases,
+       COALESCE(d.dead, 0)::float8 AS dead, COALESCE(r.retrying, 0)::float8 AS retrying,
+       (COALESCE(r.repeated, 0) + COALESCE(l.repeated, 0))::float8 AS repeatedly_failing,
+       COALESCE(f.failed, 0)::float8 AS recent_failures, COALESCE(f.lease_expired, 0)::float8 AS recent_lease_expiries,
+       COALESCE(floor(extract(epoch FROM now() - r.oldest_due) * 1000), 0)::float8 AS oldest_ready_age_ms
+FROM queues q
+LEFT JOIN ready r ON r.queue = q.queue
+LEFT JOIN leased l ON l.queue = q.queue
+LEFT JOIN dead d ON d.queue = q.queue
+LEFT JOIN failures f ON f.queue = q.queue
+ORDER BY q.queue`,
   };
 }

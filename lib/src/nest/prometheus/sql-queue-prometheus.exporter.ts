@@ -1,0 +1,373 @@
+import { Inject, Injectable, type OnModuleDestroy, type OnModuleInit } from '@nestjs/common';
+import { ModuleRef } from '@nestjs/core';
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import { SqlQueueConfigError } from '../../core/errors.js';
+import type { QueueEventListener } from '../../core/events.js';
+import type { QueueHealthReading } from '../../core/queue-metrics.js';
+import { SqlQueueMetrics } from '../sql-queue.metrics.js';
+import { SQL_QUEUE_PROMETHEUS_OPTIONS, type SqlQueuePrometheusOptions } from './sql-queue-prometheus.options.js';
+
+const NAME_PREFIX = /^[a-zA-Z_:][a-zA-Z0-9_:]*$/;
+
+/**
+ * Exposes SqlQueueMetrics in the Prometheus text format through prom-client (an optional
+ * peer, loaded only by this entry point).
+ *
+ * - Database gauges (`sqlqueue_jobs{queue,state}`, `sqlqueue_oldest_ready_age_seconds`, …)
+ *   are collected at scrape time from one cached, time-bounded statement for all queues;
+ *   when it fails, they are left out of that scrape and `sqlqueue_stats_up` is 0, rather
+ *   than repeating stale values or failing the whole scrape.
+ * - Counters and histograms (completions, failures, lost ownership, latencies, reader
+ *   activations) count this process's engine events since it started: aggregate them across
+ *   pods with `sum by (queue)` / `rate()`.
+ *
+ * Metrics are registered on `options.registry` (default: a registry of the exporter's own,
+ * `exporter.registry`) and removed from it when the application closes.
+ */
+@Injectable()
+export class SqlQueuePrometheusExporter implements OnModuleInit, OnModuleDestroy {
+  /** The registry holding the queue's metrics; merge it with yours or serve `metrics()`. */
+  readonly registry: Registry;
+  private readonly prefix: string;
+  private readonly names: string[] = [];
+  private closed = false;
+
+  constructor(
+    @Inject(SQL_QUEUE_PROMETHEUS_OPTIONS) options: SqlQueuePrometheusOptions,
+    private readonly moduleRef: ModuleRef,
+  ) {
+    const prefix = options?.prefix ?? 'sqlqueue_';
+    if (typeof prefix !== 'string' || !NAME_PREFIX.test(prefix)) {
+      throw new SqlQueueConfigError(
+        `SqlQueuePrometheusModule: prefix must be a valid Prometheus metric name start ([a-zA-Z_:][a-zA-Z0-9_:]*), got ${JSON.stringify(prefix)}`,
+      );
+    }
+    this.prefix = prefix;
+    this.registry = options?.registry ?? new Registry();
+  }
+
+  /** Content-Type to send with `metrics()`. */
+  get contentType(): string {
+    return this.registry.contentType;
+  }
+
+  /** The registry's metrics in the text exposition format (database gauges read now, bounded). */
+  metrics(): Promise<string> {
+    return this.registry.metrics();
+  }
+
+  /** Registers the metrics and starts listening to engine events, before the consumer starts. */
+  onModuleInit(): void {
+    let metrics: SqlQueueMetrics;
+    try {
+      metrics = this.moduleRef.get(SqlQueueMetrics, { strict: false });
+    } catch (error) {
+      throw new SqlQueueConfigError(
+        'SqlQueuePrometheusModule needs SqlQueueModule: import SqlQueueModule.forRoot() or forRootAsync() in your application',
+        { cause: error },
+      );
+    }
+    this.registerDatabaseGauges(metrics);
+    this.registerProcessMetrics(metrics);
+  }
+
+  /** Removes the metrics from the registry, so a registry shared across app instances stays usable. */
+  onModuleDestroy(): void {
+    // The engine's listener list cannot shrink; a closed exporter just ignores later events.
+    this.closed = true;
+    for (const name of this.names.splice(0)) this.registry.removeSingleMetric(name);
+  }
+
+  private name(suffix: string): string {
+    const name = `${this.prefix}${suffix}`;
+    this.names.push(name);
+    return name;
+  }
+
+  private registerDatabaseGauges(metrics: SqlQueueMetrics): void {
+    const registers = [this.registry];
+    const windowSeconds = metrics.options.failureWindowMs / 1000;
+    // Every database gauge is filled from the same reading; the reader caches and shares it.
+    const reading = (): Promise<QueueHealthReading> => metrics.readDatabase();
+    const fromReading = (fill: (gauge: Gauge<string>, r: QueueHealthReading) => void) =>
+      async function collect(this: Gauge<string>): Promise<void> {
+        const r = await reading();
+        this.reset();
+        if (r.ok) fill(this, r);
+      };
+
+    new Gauge({
+      name: this.name('stats_up'),
+      help: 'Whether the last scrape could read the queue figures from the database in time (1) or not (0).',
+      registers,
+      async collect() {
+        this.set((await reading()).ok ? 1 : 0);
+      },
+    });
+    new Gauge({
+      name: this.name('stats_duration_seconds'),
+      help: 'How long the database reading used by this scrape took (or was waited for, when it failed).',
+      registers,
+      async collect() {
+        this.set((await reading()).durationMs / 1000);
+      },
+    });
+    new Gauge({
+      name: this.name('stats_age_seconds'),
+      help: 'Age of the database reading used by this scrape (readings are cached briefly and shared).',
+      registers,
+      async collect() {
+        const r = await reading();
+        this.reset();
+        if (r.readAt !== null) this.set(Math.max(0, Date.now() - r.readAt) / 1000);
+      },
+    });
+    new Gauge({
+      name: this.name('jobs'),
+      help: 'Jobs per queue and state, all workers: ready (due now), delayed (not due yet), leased (running somewhere), dead. Finished jobs are not counted.',
+      labelNames: ['queue', 'state'],
+      registers,
+      collect: fromReading((gauge, r) => {
+        for (const q of r.queues) {
+          gauge.set({ queue: q.queue, state: 'ready' }, q.ready);
+          gauge.set({ queue: q.queue, state: 'delayed' }, q.delayed);
+          gauge.set({ queue: q.queue, state: 'leased' }, q.leased);
+          gauge.set({ queue: q.queue, state: 'dead' }, q.dead);
+        }
+      }),
+    });
+    new Gauge({
+      name: this.name('oldest_ready_age_seconds'),
+      help: 'How long the oldest due job of the queue has been waiting (0 when none waits): the job a queue length hides.',
+      labelNames: ['queue'],
+      registers,
+      collect: fromReading((gauge, r) => {
+        for (const q of r.queues) gauge.set({ queue: q.queue }, q.oldestReadyAgeMs / 1000);
+      }),
+    });
+    new Gauge({
+      name: this.name('expired_leases'),
+      help: 'Leased jobs whose lease has already ended and that the reaper has not returned yet (a worker died or hung).',
+      labelNames: ['queue'],
+      registers,
+      collect: fromReading((gauge, r) => {
+        for (const q of r.queues) gauge.set({ queue: q.queue }, q.expiredLeases);
+      }),
+    });
+    new Gauge({
+      name: this.name('retrying_jobs'),
+      help: 'Ready jobs that have failed at least once and wait for another attempt.',
+      labelNames: ['queue'],
+      registers,
+      collect: fromReading((gauge, r) => {
+        for (const q of r.queues) gauge.set({ queue: q.queue }, q.retrying);
+      }),
+    });
+    new Gauge({
+      name: this.name('repeatedly_failing_jobs'),
+      help: `Unfinished jobs (ready or leased) that have already failed at least ${metrics.options.repeatedFailures} times.`,
+      labelNames: ['queue'],
+      registers,
+      collect: fromReading((gauge, r) => {
+        for (const q of r.queues) gauge.set({ queue: q.queue }, q.repeatedlyFailing);
+      }),
+    });
+    new Gauge({
+      name: this.name('recent_failures'),
+      help: `Attempts that ended badly in the last ${windowSeconds} s, on every worker: outcome "failed" (handler error or timeout) or "lease_expired" (reaped).`,
+      labelNames: ['queue', 'outcome'],
+      registers,
+      collect: fromReading((gauge, r) => {
+        for (const q of r.queues) {
+          gauge.set({ queue: q.queue, outcome: 'failed' }, q.recentFailures);
+          gauge.set({ queue: q.queue, outcome: 'lease_expired' }, q.recentLeaseExpiries);
+        }
+      }),
+    });
+    new Gauge({
+      name: this.name('failure_window_seconds'),
+      help: 'The window of sqlqueue_recent_failures, in seconds.',
+      registers,
+      collect() {
+        this.set(windowSeconds);
+      },
+    });
+  }
+
+  private registerProcessMetrics(metrics: SqlQueueMetrics): void {
+    const registers = [this.registry];
+    const buckets = [...metrics.options.latencyBucketsSeconds];
+    const queueLabel = ['queue'] as const;
+
+    // Known queues start at zero, so rate() and absent() work before the first event.
+    const zeroKnown = (init: (queue: string) => void) => () => {
+      for (const queue of metrics.knownQueues()) init(queue);
+    };
+
+    // Histogram.zero() overwrites a label set, observations included: zero each queue once,
+    // and only if nothing was observed for it yet.
+    const histogramQueues = new Set<string>();
+    const zeroHistograms = (queue: string) => {
+      if (histogramQueues.has(queue)) return;
+      histogramQueues.add(queue);
+      duration.zero({ queue });
+      latency.zero({ queue });
+    };
+    const duration: Histogram<'queue'> = new Histogram({
+      name: this.name('job_duration_seconds'),
+      help: 'Claim to completion of jobs completed by this process: the handler run plus recording the outcome.',
+      labelNames: queueLabel,
+      buckets,
+      registers,
+      collect: zeroKnown(zeroHistograms),
+    });
+    const latency: Histogram<'queue'> = new Histogram({
+      name: this.name('job_latency_seconds'),
+      help: 'Enqueue to completion of jobs completed by this process: waiting, retries and the run.',
+      labelNames: queueLabel,
+      buckets,
+      registers,
+      collect: zeroKnown(zeroHistograms),
+    });
+    const completed = new Counter({
+      name: this.name('jobs_completed_total'),
+      help: 'Jobs this process completed.',
+      labelNames: queueLabel,
+      registers,
+      collect: zeroKnown((queue) => completed.inc({ queue }, 0)),
+    });
+    const failed = new Counter({
+      name: this.name('jobs_failed_total'),
+      help: 'Failed attempts recorded by this process; result "retry" (scheduled again) or "dead" (no attempts left, or unrecoverable).',
+      labelNames: ['queue', 'result'],
+      registers,
+      collect: zeroKnown((queue) => {
+        failed.inc({ queue, result: 'retry' }, 0);
+        failed.inc({ queue, result: 'dead' }, 0);
+      }),
+    });
+    const lost = new Counter({
+      name: this.name('lost_ownership_total'),
+      help: 'Writes refused because this worker no longer owned the job (its claim token had changed), by the write that found out.',
+      labelNames: ['queue', 'during'],
+      registers,
+      collect: zeroKnown((queue) => lost.inc({ queue, during: 'heartbeat' }, 0)),
+    });
+    const abandoned = new Counter({
+      name: this.name('jobs_abandoned_total'),
+      help: 'Handlers that ignored their abort signal; the reader moved on and the lease decides the job.',
+      labelNames: queueLabel,
+      registers,
+      collect: zeroKnown((queue) => abandoned.inc({ queue }, 0)),
+    });
+    const claims = new Counter({
+      name: this.name('claims_total'),
+      help: 'Claim statements sent by this process; result "jobs" or "empty" (an empty claim starts an idle pause).',
+      labelNames: ['queue', 'result'],
+      registers,
+      collect: zeroKnown((queue) => {
+        claims.inc({ queue, result: 'jobs' }, 0);
+        claims.inc({ queue, result: 'empty' }, 0);
+      }),
+    });
+    const claimed = new Counter({
+      name: this.name('jobs_claimed_total'),
+      help: 'Jobs claimed by this process.',
+      labelNames: queueLabel,
+      registers,
+      collect: zeroKnown((queue) => claimed.inc({ queue }, 0)),
+    });
+    const activations = new Counter({
+      name: this.name('reader_activations_total'),
+      help: 'Readers started by the activation rule in this process (work waiting and every reader busy).',
+      labelNames: queueLabel,
+      registers,
+      collect: zeroKnown((queue) => activations.inc({ queue }, 0)),
+    });
+    const retirements = new Counter({
+      name: this.name('reader_retirements_total'),
+      help: 'Readers retired in this process after an empty claim (above minReaders).',
+      labelNames: queueLabel,
+      registers,
+      collect: zeroKnown((queue) => retirements.inc({ queue }, 0)),
+    });
+
+    new Gauge({
+      name: this.name('readers'),
+      help: 'Readers of the queue running in this process.',
+      labelNames: queueLabel,
+      registers,
+      collect() {
+        this.reset();
+        for (const p of metrics.processFigures()) if (p.consumer) this.set({ queue: p.queue }, p.consumer.readers);
+      },
+    });
+    new Gauge({
+      name: this.name('jobs_running'),
+      help: 'Handlers of the queue running in this process now.',
+      labelNames: queueLabel,
+      registers,
+      collect() {
+        this.reset();
+        for (const p of metrics.processFigures()) if (p.consumer) this.set({ queue: p.queue }, p.consumer.running);
+      },
+    });
+    new Gauge({
+      name: this.name('claim_failing'),
+      help: 'Whether claims of the queue are failing in this process right now (database unreachable, …).',
+      labelNames: queueLabel,
+      registers,
+      collect() {
+        this.reset();
+        for (const p of metrics.processFigures()) {
+          if (p.consumer) this.set({ queue: p.queue }, p.consumer.claimFailing ? 1 : 0);
+        }
+      },
+    });
+    new Gauge({
+      name: this.name('claim_loop_idle_seconds'),
+      help: 'Seconds since the claim loop of the queue last made progress in this process (claimed, paused or backed off).',
+      labelNames: queueLabel,
+      registers,
+      collect() {
+        this.reset();
+        for (const p of metrics.processFigures()) {
+          if (p.consumer) this.set({ queue: p.queue }, p.consumer.sinceLastLoopMs / 1000);
+        }
+      },
+    });
+
+    const listener: QueueEventListener = {
+      claimed: (e) => {
+        if (this.closed) return;
+        claims.inc({ queue: e.queue, result: 'jobs' });
+        claimed.inc({ queue: e.queue }, e.count);
+      },
+      emptyClaim: (e) => {
+        if (!this.closed) claims.inc({ queue: e.queue, result: 'empty' });
+      },
+      completed: (e) => {
+        if (this.closed) return;
+        zeroHistograms(e.queue);
+        completed.inc({ queue: e.queue });
+        duration.observe({ queue: e.queue }, e.claimToDoneMs / 1000);
+        latency.observe({ queue: e.queue }, e.enqueueToDoneMs / 1000);
+      },
+      failed: (e) => {
+        if (!this.closed) failed.inc({ queue: e.queue, result: e.dead ? 'dead' : 'retry' });
+      },
+      lostOwnership: (e) => {
+        if (!this.closed) lost.inc({ queue: e.queue, during: e.during });
+      },
+      abandoned: (e) => {
+        if (!this.closed) abandoned.inc({ queue: e.queue });
+      },
+      readersChanged: (e) => {
+        if (this.closed) return;
+        if (e.reason === 'activation') activations.inc({ queue: e.queue });
+        else if (e.reason === 'retire') retirements.inc({ queue: e.queue });
+      },
+    };
+    metrics.addListener(listener);
+  }
+}

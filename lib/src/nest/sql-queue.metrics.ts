@@ -1,0 +1,189 @@
+import { Inject, Injectable } from '@nestjs/common';
+import type { QueueEventListener } from '../core/events.js';
+import {
+  QueueEventMetrics,
+  QueueHealthReader,
+  type QueueEventFigures,
+  type QueueHealthReading,
+  type ResolvedMetricsOptions,
+} from '../core/queue-metrics.js';
+import type { QueueHealth } from '../core/types.js';
+import { assertQueueName } from '../core/validation.js';
+import { SqlQueueConsumerHost } from './consumer.host.js';
+import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
+import type { SqlQueueRuntime } from './sql-queue.runtime.js';
+
+/** This process's readers of one queue, at this instant. */
+export interface SqlQueueReaderState {
+  readers: number;
+  /** Handlers running now. */
+  running: number;
+  /** Jobs claimed ahead (prefetch) and not started yet. */
+  buffered: number;
+  /** Claims are failing right now (database unreachable, …). */
+  claimFailing: boolean;
+  stopping: boolean;
+  /** Milliseconds since the claim loop last made progress. */
+  sinceLastLoopMs: number;
+}
+
+/** What this process measured of one queue: event counts, latency histograms and its readers. */
+export interface SqlQueueProcessFigures extends QueueEventFigures {
+  /** Null where this process does not consume the queue (or its consumer has not started). */
+  consumer: SqlQueueReaderState | null;
+}
+
+/** Everything SqlQueueMetrics knows, in one object (for a JSON endpoint or a custom exporter). */
+export interface SqlQueueMetricsSnapshot {
+  /** Database figures of every queue (all workers), read through the cache. */
+  database: QueueHealthReading;
+  /** Figures of this process, per queue. */
+  process: SqlQueueProcessFigures[];
+  /** The failure window and repeated-failure threshold the database figures were read with. */
+  failureWindowMs: number;
+  repeatedFailures: number;
+}
+
+/** The figures of one queue, for an endpoint such as `GET /queues/:name/stats`. */
+export interface SqlQueueQueueMetrics {
+  queue: string;
+  /** Database figures (all workers); null when the database could not be read in time. */
+  database: QueueHealth | null;
+  databaseError: string | null;
+  process: SqlQueueProcessFigures;
+}
+
+function zeroHealth(queue: string): QueueHealth {
+  return {
+    queue,
+    ready: 0,
+    delayed: 0,
+    leased: 0,
+    expiredLeases: 0,
+    dead: 0,
+    retrying: 0,
+    oldestReadyAgeMs: 0,
+    recentFailures: 0,
+    recentLeaseExpiries: 0,
+    repeatedlyFailing: 0,
+  };
+}
+
+/**
+ * The queue's measurements, per queue. Two sources, kept apart because they mean different
+ * things:
+ * - database figures (ready, delayed, leased, expired leases, dead, oldest ready age, recent
+ *   failures, repeatedly failing jobs) describe the queue as every worker sees it; they are
+ *   read in one statement for all queues, cached for `metrics.cacheMs` and bounded by
+ *   `metrics.timeoutMs`, so any number of scrapers cost one cheap statement;
+ * - process figures (completions, failures, lost ownership, reader activations, latency
+ *   histograms, reader counts) are what this process saw since it started, from the engine's
+ *   events and the consumer's snapshot; they cost no database round trip.
+ *
+ * Provided and exported by SqlQueueModule. The Prometheus exporter
+ * (`nestjs-sql-queue/prometheus`) and the Terminus indicators (`nestjs-sql-queue/health`)
+ * build on it; applications can read it directly.
+ */
+@Injectable()
+export class SqlQueueMetrics {
+  private readonly events: QueueEventMetrics;
+  private readonly reader: QueueHealthReader;
+
+  constructor(
+    @Inject(SQL_QUEUE_RUNTIME) private readonly runtime: SqlQueueRuntime,
+    private readonly host: SqlQueueConsumerHost,
+  ) {
+    this.events = new QueueEventMetrics(runtime.options.metrics.latencyBucketsSeconds);
+    this.reader = new QueueHealthReader(runtime.store, runtime.options.metrics);
+    // Registered at construction, before the consumer starts on bootstrap: no event is missed.
+    runtime.addListener(this.events);
+  }
+
+  /** The resolved `metrics` module options. */
+  get options(): ResolvedMetricsOptions {
+    return this.runtime.options.metrics;
+  }
+
+  /**
+   * Receives every engine event from now on (claims, completions with their latencies,
+   * failures, lost ownership, reader changes), for exporters that keep their own instruments.
+   */
+  addListener(listener: QueueEventListener): void {
+    this.runtime.addListener(listener);
+  }
+
+  /**
+   * Queues worth reporting even when they have nothing in the database: configured in the
+   * module, consumed here, or seen in this process's events. Reporting them as zeros keeps
+   * their series continuous instead of vanishing when a queue drains.
+   */
+  knownQueues(): string[] {
+    const names = new Set<string>(Object.keys(this.runtime.options.queues));
+    for (const q of this.host.snapshot().queues) names.add(q.queue);
+    for (const name of this.events.queueNames()) names.add(name);
+    return [...names].sort();
+  }
+
+  /**
+   * Database figures of every queue (those with live jobs or recent failures, plus the known
+   * queues as zeros). Reuses a reading younger than `maxAgeMs` (default `metrics.cacheMs`),
+   * never waits longer than `metrics.timeoutMs`, never throws: a failed reading has
+   * `ok: false` and the reason.
+   */
+  async readDatabase(options: { maxAgeMs?: number } = {}): Promise<QueueHealthReading> {
+    const reading = await this.reader.read(options.maxAgeMs);
+    if (!reading.ok) return reading;
+    const present = new Set(reading.queues.map((q) => q.queue));
+    const missing = this.knownQueues().filter((queue) => !present.has(queue));
+    if (missing.length === 0) return reading;
+    const queues = [...reading.queues, ...missing.map(zeroHealth)].sort((a, b) =>
+      a.queue < b.queue ? -1 : a.queue > b.queue ? 1 : 0,
+    );
+    return { ...reading, queues };
+  }
+
+  /** What this process measured, for every known queue. No database round trip. */
+  processFigures(): SqlQueueProcessFigures[] {
+    const now = Date.now();
+    const consumers = new Map(this.host.snapshot().queues.map((q) => [q.queue, q]));
+    return this.knownQueues().map((queue) => {
+      const consumer = consumers.get(queue);
+      return {
+        ...this.events.figures(queue),
+        consumer: consumer
+          ? {
+              readers: consumer.readers,
+              running: consumer.running,
+              buffered: consumer.buffered,
+              claimFailing: consumer.claimFailing,
+              stopping: consumer.stopping,
+              sinceLastLoopMs: Math.max(0, now - consumer.lastLoopAt),
+            }
+          : null,
+      };
+    });
+  }
+
+  /** Database and process figures of one queue (the queue name is validated first). */
+  async queue(name: string): Promise<SqlQueueQueueMetrics> {
+    const queue = assertQueueName(name);
+    const reading = await this.readDatabase();
+    const database = reading.ok ? (reading.queues.find((q) => q.queue === queue) ?? zeroHealth(queue)) : null;
+    const process = this.processFigures().find((p) => p.queue === queue) ?? {
+      ...this.events.figures(queue),
+      consumer: null,
+    };
+    return { queue, database, databaseError: reading.error, process };
+  }
+
+  /** Everything at once: database figures through the cache, and this process's figures. */
+  async snapshot(): Promise<SqlQueueMetricsSnapshot> {
+    const database = await this.readDatabase();
+    return {
+      database,
+      process: this.processFigures(),
+      failureWindowMs: this.options.failureWindowMs,
+      repeatedFailures: this.options.repeatedFailures,
+    };
+  }
+}

@@ -1,0 +1,184 @@
+import { HealthIndicatorService } from '@nestjs/terminus';
+import { describe, expect, it } from 'vitest';
+import { SqlQueueConfigError } from '../../lib/src/core/errors.js';
+import { resolveConsumerOptions } from '../../lib/src/core/options.js';
+import type { QueueConsumerSnapshot } from '../../lib/src/core/queue-consumer.js';
+import type { QueueStats } from '../../lib/src/core/types.js';
+import { assertQueueName } from '../../lib/src/core/validation.js';
+import { SqlQueueHealthIndicator } from '../../lib/src/health.js';
+import { SqlQueueConsumerHost, SQL_QUEUE_RUNTIME } from '../../lib/src/index.js';
+
+interface Fakes {
+  ping?: (timeoutMs: number) => Promise<void>;
+  stats?: (queue: string) => Promise<QueueStats>;
+  enabled?: boolean;
+  running?: boolean;
+  queues?: QueueConsumerSnapshot[];
+}
+
+const never = () => new Promise<never>(() => undefined);
+
+function stats(overrides: Partial<QueueStats> = {}): QueueStats {
+  return {
+    queue: 'emails',
+    ready: 0,
+    delayed: 0,
+    leased: 0,
+    expiredLeases: 0,
+    dead: 0,
+    retrying: 0,
+    oldestReadyAgeMs: 0,
+    ...overrides,
+  };
+}
+
+/** The indicator against stand-ins of the runtime and consumer host (no database, no Nest app). */
+function indicator(fakes: Fakes = {}): SqlQueueHealthIndicator {
+  const runtime = {
+    store: { dialect: 'postgres', schema: 'sqlqueue', ping: fakes.ping ?? (async () => undefined) },
+    producer: {
+      stats: (queue: string) => {
+        assertQueueName(queue);
+        return (fakes.stats ?? (async () => stats()))(queue);
+      },
+    },
+    options: { queues: {}, consumer: resolveConsumerOptions(undefined) },
+    handlerOptions: new Map(),
+  };
+  const host = {
+    enabled: fakes.enabled ?? true,
+    snapshot: () => ({ running: fakes.running ?? true, startedAt: 0, queues: fakes.queues ?? [] }),
+  };
+  const moduleRef = {
+    get: (token: unknown) => (token === SQL_QUEUE_RUNTIME ? runtime : token === SqlQueueConsumerHost ? host : null),
+  };
+  const result = new SqlQueueHealthIndicator(new HealthIndicatorService(), moduleRef as never);
+  result.onModuleInit();
+  return result;
+}
+
+function reader(overrides: Partial<QueueConsumerSnapshot> = {}): QueueConsumerSnapshot {
+  return {
+    queue: 'emails',
+    readers: 1,
+    running: 0,
+    buffered: 0,
+    lastLoopAt: Date.now(),
+    claimFailing: false,
+    stopping: false,
+    ...overrides,
+  };
+}
+
+describe('SqlQueueHealthIndicator.database (readiness)', () => {
+  it('is up with the response time when the round trip answers', async () => {
+    const result = await indicator().database('db');
+    expect(result.db).toMatchObject({ status: 'up', dialect: 'postgres', schema: 'sqlqueue' });
+    expect(result.db.responseTimeMs).toBeGreaterThanOrEqual(0);
+  });
+
+  it('is down, without throwing, when the round trip fails', async () => {
+    const result = await indicator({ ping: () => Promise.reject(new Error('ECONNREFUSED')) }).database('db');
+    expect(result.db).toMatchObject({ status: 'down', error: 'ECONNREFUSED' });
+  });
+
+  it('is down within its time bound when the round trip never answers, and shares one round trip', async () => {
+    let pings = 0;
+    const health = indicator({
+      ping: () => {
+        pings++;
+        return never();
+      },
+    });
+    const startedAt = Date.now();
+    const [a, b] = await Promise.all([
+      health.database('db', { timeoutMs: 50 }),
+      health.database('db', { timeoutMs: 50 }),
+    ]);
+    expect(Date.now() - startedAt).toBeLessThan(1_000);
+    expect(a.db).toMatchObject({ status: 'down', error: expect.stringMatching(/timed out after 50 ms/) });
+    expect(b.db.status).toBe('down');
+    expect(pings).toBe(1);
+  });
+
+  it('is down (not a throw) for an invalid timeout', async () => {
+    expect((await indicator().database('db', { timeoutMs: 0 })).db).toMatchObject({
+      status: 'down',
+      error: expect.stringMatching(/timeoutMs/),
+    });
+  });
+});
+
+describe('SqlQueueHealthIndicator.consumer (liveness)', () => {
+  it('is up while readers run, even when every claim fails (database down)', async () => {
+    const result = await indicator({
+      ping: () => Promise.reject(new Error('down')),
+      queues: [reader({ claimFailing: true })],
+    }).consumer('live');
+    expect(result.live).toMatchObject({
+      status: 'up',
+      running: true,
+      queues: { emails: { readers: 1, idleReaders: 1, claimFailing: true, stalledAfterMs: 60_000 } },
+    });
+  });
+
+  it('is down with the reason when a queue is wedged', async () => {
+    const result = await indicator({ queues: [reader({ lastLoopAt: Date.now() - 120_000 })] }).consumer('live');
+    expect(result.live).toMatchObject({ status: 'down', reason: expect.stringMatching(/claim loop made no progress/) });
+    const lenient = await indicator({ queues: [reader({ lastLoopAt: Date.now() - 120_000 })] }).consumer('live', {
+      stalledAfterMs: 300_000,
+    });
+    expect(lenient.live.status).toBe('up');
+  });
+
+  it('is down when the consumer is not running, and up when it is disabled on purpose', async () => {
+    expect((await indicator({ running: false }).consumer('live')).live).toMatchObject({
+      status: 'down',
+      reason: 'the queue consumer is not running',
+    });
+    expect((await indicator({ enabled: false, running: false }).consumer('live')).live).toMatchObject({
+      status: 'up',
+      enabled: false,
+    });
+  });
+});
+
+describe('SqlQueueHealthIndicator.backlog', () => {
+  it('is up under the thresholds and down with the thresholds exceeded', async () => {
+    const limits = { queue: 'emails', maxOldestReadyAgeMs: 60_000, maxExpiredLeases: 0, maxDead: 10 };
+    const fine = await indicator({ stats: async () => stats({ oldestReadyAgeMs: 60_000, dead: 10 }) }).backlog(
+      'b',
+      limits,
+    );
+    expect(fine.b).toMatchObject({ status: 'up', oldestReadyAgeMs: 60_000, dead: 10 });
+    const behind = await indicator({
+      stats: async () => stats({ oldestReadyAgeMs: 60_001, expiredLeases: 2, dead: 3 }),
+    }).backlog('b', limits);
+    expect(behind.b).toMatchObject({
+      status: 'down',
+      exceeded: ['oldestReadyAgeMs 60001 > 60000', 'expiredLeases 2 > 0'],
+    });
+  });
+
+  it('is down, without throwing, for an invalid queue name or statistics that never come', async () => {
+    expect((await indicator().backlog('b', { queue: 'not a queue' })).b).toMatchObject({
+      status: 'down',
+      error: expect.stringMatching(/queue name/),
+    });
+    const startedAt = Date.now();
+    const slow = await indicator({ stats: never }).backlog('b', { queue: 'emails', timeoutMs: 50 });
+    expect(slow.b).toMatchObject({ status: 'down', error: expect.stringMatching(/timed out/) });
+    expect(Date.now() - startedAt).toBeLessThan(1_000);
+  });
+});
+
+it('fails the boot with a clear message when SqlQueueModule is missing', () => {
+  const moduleRef = {
+    get: () => {
+      throw new Error('Nest could not find SQL_QUEUE_RUNTIME');
+    },
+  };
+  const health = new SqlQueueHealthIndicator(new HealthIndicatorService(), moduleRef as never);
+  expect(() => health.onModuleInit()).toThrow(SqlQueueConfigError);
+  expect(() => health.onModuleInit()).toThrow(/needs SqlQueueModule/);
+});
