@@ -17,6 +17,8 @@ export interface WorkerMessage {
 export class WorkerProcess {
   readonly messages: WorkerMessage[] = [];
   readonly stderr: string[] = [];
+  /** Messages some `next()` already returned; the others stay available to a later `next()`. */
+  private readonly taken = new WeakSet<WorkerMessage>();
   private readonly waiters: { match: (m: WorkerMessage) => boolean; resolve: (m: WorkerMessage) => void }[] = [];
   readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
 
@@ -26,6 +28,7 @@ export class WorkerProcess {
       for (const waiter of [...this.waiters]) {
         if (waiter.match(message)) {
           this.waiters.splice(this.waiters.indexOf(waiter), 1);
+          this.taken.add(message);
           waiter.resolve(message);
         }
       }
@@ -55,6 +58,12 @@ export class WorkerProcess {
 
   /** The next message matching `match` (including one already received but not yet taken). */
   next(match: (m: WorkerMessage) => boolean, timeoutMs = 30_000): Promise<WorkerMessage> {
+    // Several messages can arrive in one read of the IPC channel, before the caller gets to ask.
+    const early = this.messages.find((m) => !this.taken.has(m) && match(m));
+    if (early) {
+      this.taken.add(early);
+      return Promise.resolve(early);
+    }
     return new Promise((resolve, reject) => {
       const timer = setTimeout(
         () =>
@@ -71,6 +80,30 @@ export class WorkerProcess {
         },
       });
     });
+  }
+
+  /** The next engine event `name` (forwarded when the worker runs with `events: true`). */
+  event(name: string, match: (m: WorkerMessage) => boolean = () => true, timeoutMs = 30_000): Promise<WorkerMessage> {
+    return this.next((m) => m.type === 'event' && m.name === name && match(m), timeoutMs);
+  }
+
+  /** Messages received so far of one type (and engine event name, for 'event'). */
+  received(type: string, name?: string): WorkerMessage[] {
+    return this.messages.filter((m) => m.type === type && (name === undefined || m.name === name));
+  }
+
+  /** Lets a job of a 'gated' worker finish: complete (after writing its effect) or fail. */
+  release(jobId: string, outcome: 'complete' | 'fail'): void {
+    this.child.send({ type: 'release', jobId, outcome });
+  }
+
+  /** Everything the worker logged (JSON lines on stderr), as one string. */
+  get log(): string {
+    return this.stderr.join('');
+  }
+
+  get alive(): boolean {
+    return this.child.exitCode === null && this.child.signalCode === null;
   }
 
   kill(signal: NodeJS.Signals = 'SIGKILL'): void {
@@ -114,6 +147,10 @@ export async function createEffectTables(url: string, schema: string): Promise<v
     );
     await client.query(
       `CREATE TABLE IF NOT EXISTS "${schema}".runs (job_id bigint NOT NULL, pid int NOT NULL, attempt int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`,
+    );
+    // Every attempt to write an effect, and whether the receiver applied it or refused a repeat.
+    await client.query(
+      `CREATE TABLE IF NOT EXISTS "${schema}".effect_writes (idempotency_key text NOT NULL, job_id bigint NOT NULL, pid int NOT NULL, attempt int NOT NULL, applied boolean NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`,
     );
   } finally {
     await client.end();

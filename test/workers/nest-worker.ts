@@ -1,25 +1,47 @@
 /**
- * A real Nest application consuming one queue, run as a child process by the cross-process
- * tests and failure drills. Configured by one JSON argument (WorkerConfig). Talks to the
- * parent over IPC: 'ready', 'started' (a job's handler began, after its claim committed),
- * 'finished'; the parent sends 'stop' for a graceful shutdown, or kills the process.
+ * A real Nest application consuming one queue (or a few), run as a child process by the
+ * cross-process tests and failure drills. Configured by one JSON argument (WorkerConfig).
+ * Talks to the parent over IPC: 'ready', 'started' (a job's handler began, after its claim
+ * committed), 'effected' (the business effect was written, or found already written),
+ * 'finished', and 'event' (engine events, when `events` is set); the parent sends 'stop' for a
+ * graceful shutdown, 'release' to let a gated handler finish, or kills the process.
  *
  * Business effects go through an idempotent receiver, as a user would write one: a table
  * keyed by the job's idempotency key, written with ON CONFLICT DO NOTHING. A second table
- * logs every handler start, so tests can tell "ran twice" from "had two effects".
+ * logs every handler start, so tests can tell "ran twice" from "had two effects", and a third
+ * logs every attempt to write the effect (in the same statement as the effect itself), so a
+ * drill can show the receiver refusing a repeat.
  */
 import 'reflect-metadata';
 import { Injectable, Logger, Module, type LoggerService } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { ScheduleModule } from '@nestjs/schedule';
 import pg from 'pg';
-import { QueueHandler, SqlQueueModule, type JobContext, type QueueJobHandler } from '../../lib/src/index.js';
+import {
+  QueueHandler,
+  SqlQueueModule,
+  type JobContext,
+  type QueueEventListener,
+  type QueueJobHandler,
+} from '../../lib/src/index.js';
+
+/**
+ * - 'normal': run, write the effect, return;
+ * - 'hang': report 'started' and never return (the test kills or freezes the process);
+ * - 'hang-after-effect': write the effect, then hang (a crash after the external action
+ *   but before the completion is recorded);
+ * - 'gated': report 'started', then wait for a 'release' message from the parent saying
+ *   whether to complete (writing the effect first) or to fail.
+ */
+export type WorkerMode = 'normal' | 'hang' | 'hang-after-effect' | 'gated';
 
 /** Configuration of one worker process (passed as JSON in argv[2]). */
 export interface WorkerConfig {
   url: string;
   schema: string;
   queue: string;
+  /** More queues consumed by the same handler logic in this process. */
+  extraQueues?: string[];
   leaseMs?: number;
   minReaders?: number;
   maxReaders?: number;
@@ -28,15 +50,26 @@ export interface WorkerConfig {
   reaperIntervalMs?: number;
   /** How long each handler works before writing its effect. */
   handlerDelayMs?: number;
-  /** 'hang': handlers report 'started' and never return (the test kills or freezes the process). */
-  mode?: 'normal' | 'hang';
+  mode?: WorkerMode;
   shutdownTimeoutMs?: number;
+  /** consumer.workerId: lets a test recognise this process in job rows and attempt history. */
+  workerId?: string;
+  /** Forward engine events (QueueEventListener) to the parent as { type: 'event', name, … }. */
+  events?: boolean;
+}
+
+/** What the parent sends to a 'gated' handler. */
+export interface ReleaseMessage {
+  type: 'release';
+  jobId: string;
+  outcome: 'complete' | 'fail';
 }
 
 const config = JSON.parse(process.argv[2] ?? '{}') as WorkerConfig;
 
 function send(message: Record<string, unknown>): void {
-  process.send?.({ pid: process.pid, ...message });
+  // The channel is gone when the parent died; the 'disconnect' handler below ends us then.
+  if (process.connected) process.send?.({ pid: process.pid, ...message });
 }
 
 /** Logs as JSON lines on stderr, so a failing test can show what the worker saw. */
@@ -60,31 +93,90 @@ class LineLogger implements LoggerService {
 const effects = new pg.Pool({ connectionString: config.url, max: 4 });
 effects.on('error', () => undefined);
 
-@Injectable()
-@QueueHandler(config.queue, {
-  leaseMs: config.leaseMs ?? 5_000,
-  minReaders: config.minReaders ?? 2,
-  maxReaders: config.maxReaders ?? 4,
-  ...(config.minPollMs ? { minPollMs: config.minPollMs } : {}),
-  ...(config.maxPollMs ? { maxPollMs: config.maxPollMs } : {}),
-  backoff: { type: 'fixed', delayMs: 50 },
-})
-class EffectHandler implements QueueJobHandler<{ n: number }> {
-  async handle(payload: { n: number }, context: JobContext): Promise<void> {
-    await effects.query(`INSERT INTO "${config.schema}".runs (job_id, pid, attempt) VALUES ($1, $2, $3)`, [
-      context.jobId,
-      process.pid,
-      context.attempt,
-    ]);
-    send({ type: 'started', jobId: context.jobId, attempt: context.attempt, n: payload.n });
-    if (config.mode === 'hang') await new Promise(() => undefined);
-    if (config.handlerDelayMs) await new Promise((resolve) => setTimeout(resolve, config.handlerDelayMs));
-    await effects.query(
-      `INSERT INTO "${config.schema}".effects (idempotency_key, job_id, pid) VALUES ($1, $2, $3) ON CONFLICT (idempotency_key) DO NOTHING`,
-      [context.idempotencyKey ?? `job-${context.jobId}`, context.jobId, process.pid],
-    );
-    send({ type: 'finished', jobId: context.jobId });
+/** Releases sent by the parent, possibly before the job's handler got there. */
+const releases = new Map<string, ReleaseMessage>();
+const releaseWaiters = new Map<string, (message: ReleaseMessage) => void>();
+
+function released(jobId: string): Promise<ReleaseMessage> {
+  const early = releases.get(jobId);
+  if (early) return Promise.resolve(early);
+  return new Promise((resolve) => releaseWaiters.set(jobId, resolve));
+}
+
+const hangForever = () => new Promise<never>(() => undefined);
+
+async function writeEffect(context: JobContext): Promise<boolean> {
+  const key = context.idempotencyKey ?? `job-${context.jobId}`;
+  // One statement, so the effect and its log row commit together even if the process dies.
+  const result = await effects.query<{ applied: boolean }>(
+    `WITH applied AS (
+       INSERT INTO "${config.schema}".effects (idempotency_key, job_id, pid) VALUES ($1, $2, $3)
+       ON CONFLICT (idempotency_key) DO NOTHING RETURNING 1
+     )
+     INSERT INTO "${config.schema}".effect_writes (idempotency_key, job_id, pid, attempt, applied)
+     SELECT $1, $2, $3, $4, EXISTS (SELECT 1 FROM applied)
+     RETURNING applied`,
+    [key, context.jobId, process.pid, context.attempt],
+  );
+  const applied = result.rows[0]?.applied === true;
+  send({ type: 'effected', jobId: context.jobId, applied });
+  return applied;
+}
+
+async function handle(payload: { n: number }, context: JobContext): Promise<void> {
+  await effects.query(`INSERT INTO "${config.schema}".runs (job_id, pid, attempt) VALUES ($1, $2, $3)`, [
+    context.jobId,
+    process.pid,
+    context.attempt,
+  ]);
+  send({ type: 'started', jobId: context.jobId, attempt: context.attempt, n: payload.n, queue: context.queue });
+  const mode = config.mode ?? 'normal';
+  if (mode === 'hang') await hangForever();
+  if (mode === 'gated') {
+    const release = await released(context.jobId);
+    if (release.outcome === 'fail') throw new Error(`drill: job ${context.jobId} fails on request`);
   }
+  if (config.handlerDelayMs) await new Promise((resolve) => setTimeout(resolve, config.handlerDelayMs));
+  await writeEffect(context);
+  if (mode === 'hang-after-effect') await hangForever();
+  send({ type: 'finished', jobId: context.jobId });
+}
+
+/** One handler class per queue: the library allows one handler per queue per application. */
+function handlerFor(queue: string) {
+  class EffectHandler implements QueueJobHandler<{ n: number }> {
+    handle(payload: { n: number }, context: JobContext): Promise<void> {
+      return handle(payload, context);
+    }
+  }
+  Object.defineProperty(EffectHandler, 'name', { value: `EffectHandler_${queue}` });
+  QueueHandler(queue, {
+    leaseMs: config.leaseMs ?? 5_000,
+    minReaders: config.minReaders ?? 2,
+    maxReaders: config.maxReaders ?? 4,
+    ...(config.minPollMs ? { minPollMs: config.minPollMs } : {}),
+    ...(config.maxPollMs ? { maxPollMs: config.maxPollMs } : {}),
+    backoff: { type: 'fixed', delayMs: 50 },
+  })(EffectHandler);
+  Injectable()(EffectHandler);
+  return EffectHandler;
+}
+
+/** Forwards every engine event to the parent, so drills can see refusals as they happen. */
+function forwardingListener(): QueueEventListener {
+  const forward =
+    (name: string) =>
+    (event: object): void =>
+      send({ type: 'event', name, ...event });
+  return {
+    claimed: forward('claimed'),
+    emptyClaim: forward('emptyClaim'),
+    completed: forward('completed'),
+    failed: forward('failed'),
+    lostOwnership: forward('lostOwnership'),
+    readersChanged: forward('readersChanged'),
+    abandoned: forward('abandoned'),
+  };
 }
 
 @Module({
@@ -94,14 +186,27 @@ class EffectHandler implements QueueJobHandler<{ n: number }> {
       connection: { dialect: 'postgres', url: config.url, poolSize: 6 },
       schema: config.schema,
       reaper: { intervalMs: config.reaperIntervalMs ?? 500 },
-      consumer: { shutdownTimeoutMs: config.shutdownTimeoutMs ?? 5_000 },
+      consumer: {
+        shutdownTimeoutMs: config.shutdownTimeoutMs ?? 5_000,
+        ...(config.workerId ? { workerId: config.workerId } : {}),
+      },
+      ...(config.events ? { listeners: [forwardingListener()] } : {}),
     }),
   ],
-  providers: [EffectHandler],
+  providers: [config.queue, ...(config.extraQueues ?? [])].map(handlerFor),
 })
 class WorkerModule {}
 
 async function main(): Promise<void> {
+  // An orphan (the test runner died) must not keep polling the database forever.
+  process.on('disconnect', () => process.exit(1));
+  process.on('message', (message: { type?: string } | ReleaseMessage) => {
+    if (message?.type !== 'release') return;
+    const release = message as ReleaseMessage;
+    releases.set(release.jobId, release);
+    releaseWaiters.get(release.jobId)?.(release);
+    releaseWaiters.delete(release.jobId);
+  });
   const app = await NestFactory.createApplicationContext(WorkerModule, { logger: new LineLogger() });
   send({ type: 'ready' });
   process.on('message', (message: { type?: string }) => {
