@@ -316,17 +316,7 @@ export class MssqlQueueStore implements QueueStore {
     const rows = await this.run<Record<string, string | number | null>>('stats', (r) =>
       r.input('queue', sql.NVarChar(128), queue),
     );
-    const row = rows[0]!;
-    return {
-      queue,
-      ready: Number(row.Ready),
-      delayed: Number(row.Delayed),
-      leased: Number(row.Leased),
-      expiredLeases: Number(row.ExpiredLeases),
-      dead: Number(row.Dead),
-      retrying: Number(row.Retrying),
-      oldestReadyAgeMs: Math.max(0, Number(row.OldestReadyAgeMs ?? 0)),
-    };
+    return toQueueStats(queue, rows[0]!);
   }
 
   async queueHealth(request: QueueHealthRequest): Promise<QueueHealth[]> {
@@ -335,16 +325,8 @@ export class MssqlQueueStore implements QueueStore {
         .input('windowMs', sql.BigInt, Math.min(Math.max(0, Math.round(request.failureWindowMs)), MAX_OFFSET_MS))
         .input('repeated', sql.Int, Math.min(Math.max(1, Math.round(request.repeatedFailures)), INT_MAX)),
     );
-    // COUNT_BIG and DATEDIFF_BIG come back as bigint, which the driver hands over as strings.
     return rows.map((row) => ({
-      queue: row.Queue as string,
-      ready: Number(row.Ready),
-      delayed: Number(row.Delayed),
-      leased: Number(row.Leased),
-      expiredLeases: Number(row.ExpiredLeases),
-      dead: Number(row.Dead),
-      retrying: Number(row.Retrying),
-      oldestReadyAgeMs: Math.max(0, Number(row.OldestReadyAgeMs ?? 0)),
+      ...toQueueStats(row.Queue as string, row),
       recentFailures: Number(row.RecentFailures),
       recentLeaseExpiries: Number(row.RecentLeaseExpiries),
       repeatedlyFailing: Number(row.RepeatedlyFailing),
@@ -512,6 +494,20 @@ function errorNumber(error: unknown): number | undefined {
   const candidate = error as { number?: unknown; originalError?: { info?: { number?: unknown } } } | null;
   const value = candidate?.number ?? candidate?.originalError?.info?.number;
   return typeof value === 'number' ? value : undefined;
+}
+
+/** COUNT_BIG and DATEDIFF_BIG come back as bigint, which the driver hands over as strings. */
+function toQueueStats(queue: string, row: Record<string, unknown>): QueueStats {
+  return {
+    queue,
+    ready: Number(row.Ready),
+    delayed: Number(row.Delayed),
+    leased: Number(row.Leased),
+    expiredLeases: Number(row.ExpiredLeases),
+    dead: Number(row.Dead),
+    retrying: Number(row.Retrying),
+    oldestReadyAgeMs: Math.max(0, Number(row.OldestReadyAgeMs ?? 0)),
+  };
 }
 
 function toJobRecord(row: Row): JobRecord {

@@ -12,6 +12,7 @@ import { quotePgIdentifier } from './postgres.identifiers.js';
 export interface PgQueries {
   enqueueOne: string;
   enqueueMany: string;
+  enqueueManyUniform: string;
   findByIdempotencyKeys: string;
   claim: string;
   heartbeat: string;
@@ -70,6 +71,19 @@ RETURNING id::text AS id`,
 SELECT (input.ord - 1)::int AS ord, input.id::text AS id, (inserted.id IS NOT NULL) AS created
 FROM input LEFT JOIN inserted ON inserted.id = input.id
 ORDER BY input.ord`,
+
+    // The common bulk case: no idempotency keys and the same options for every job, so only
+    // the payloads travel as an array ($2); the rest are scalars ($3 priority, $4 run_at,
+    // $5 delay_ms, $6 group_key, $7 max_attempts). Every row is inserted (no conflict target),
+    // so the ids drawn in input order are the answer.
+    enqueueManyUniform: `WITH input AS MATERIALIZED (
+  SELECT p AS payload, ord, nextval('${jobIdSeq}') AS id FROM unnest($2::jsonb[]) WITH ORDINALITY AS t(p, ord)
+), inserted AS (
+  INSERT INTO ${jobs} (id, queue, state, payload, priority, run_at, group_key, max_attempts)
+  SELECT id, $1, 'ready', payload, $3, COALESCE($4::timestamptz, now() + $5::float8 * interval '1 millisecond'), $6, $7
+  FROM input
+)
+SELECT id::text AS id FROM input ORDER BY ord`,
 
     // $1 jsonb [{queue, key}]
     findByIdempotencyKeys: `SELECT j.queue, j.idempotency_key, j.id::text AS id

@@ -112,6 +112,11 @@ export class PostgresQueueStore implements QueueStore {
     const client = transaction === undefined ? null : asCallerTransaction(transaction);
     if (jobs.length === 1) return [await this.enqueueOne(jobs[0]!, client)];
 
+    const uniform = uniformParams(jobs);
+    if (uniform) {
+      const rows = await this.run<{ id: string }>(client, 'enqueueManyUniform', uniform);
+      return rows.map((row) => ({ jobId: row.id, created: true }));
+    }
     const results: (EnqueueResult | undefined)[] = new Array(jobs.length);
     let pending = jobs.map((job, ord) => ({ job, ord }));
     for (let round = 0; pending.length > 0 && round < IDEMPOTENT_ENQUEUE_ROUNDS; round++) {
@@ -264,17 +269,7 @@ export class PostgresQueueStore implements QueueStore {
 
   async stats(queue: string): Promise<QueueStats> {
     const rows = await this.run<Record<string, number | null>>(null, 'stats', [queue]);
-    const row = rows[0]!;
-    return {
-      queue,
-      ready: Number(row.ready),
-      delayed: Number(row.delayed),
-      leased: Number(row.leased),
-      expiredLeases: Number(row.expired_leases),
-      dead: Number(row.dead),
-      retrying: Number(row.retrying),
-      oldestReadyAgeMs: Math.max(0, Number(row.oldest_ready_age_ms ?? 0)),
-    };
+    return toQueueStats(queue, rows[0]!);
   }
 
   async queueHealth(request: QueueHealthRequest): Promise<QueueHealth[]> {
@@ -291,14 +286,7 @@ export class PostgresQueueStore implements QueueStore {
       return result.rows;
     });
     return rows.map((row) => ({
-      queue: row.queue as string,
-      ready: Number(row.ready),
-      delayed: Number(row.delayed),
-      leased: Number(row.leased),
-      expiredLeases: Number(row.expired_leases),
-      dead: Number(row.dead),
-      retrying: Number(row.retrying),
-      oldestReadyAgeMs: Math.max(0, Number(row.oldest_ready_age_ms ?? 0)),
+      ...toQueueStats(row.queue as string, row),
       recentFailures: Number(row.recent_failures),
       recentLeaseExpiries: Number(row.recent_lease_expiries),
       repeatedlyFailing: Number(row.repeatedly_failing),
@@ -390,6 +378,37 @@ export class PostgresQueueStore implements QueueStore {
 }
 
 /**
+ * Parameters of the uniform bulk statement when it applies: one queue, no idempotency keys,
+ * and the same priority, run-at, delay, group and max attempts for every job; else null.
+ */
+function uniformParams(jobs: readonly NewJob[]): unknown[] | null {
+  const first = jobs[0]!;
+  const runAt = first.runAt?.getTime() ?? null;
+  for (const job of jobs) {
+    if (
+      job.idempotencyKey !== null ||
+      job.queue !== first.queue ||
+      job.priority !== first.priority ||
+      (job.runAt?.getTime() ?? null) !== runAt ||
+      job.delayMs !== first.delayMs ||
+      job.groupKey !== first.groupKey ||
+      job.maxAttempts !== first.maxAttempts
+    ) {
+      return null;
+    }
+  }
+  return [
+    first.queue,
+    jobs.map((job) => job.payload),
+    first.priority,
+    first.runAt?.toISOString() ?? null,
+    first.delayMs,
+    first.groupKey,
+    first.maxAttempts,
+  ];
+}
+
+/**
  * One array per column. Jobs of one call may still differ in queue (the store accepts mixed
  * batches), so the queue is checked to be uniform and passed once.
  */
@@ -408,6 +427,19 @@ function enqueueManyParams(jobs: readonly NewJob[]): unknown[] {
     jobs.map((job) => job.idempotencyKey),
     jobs.map((job) => job.maxAttempts),
   ];
+}
+
+function toQueueStats(queue: string, row: Record<string, unknown>): QueueStats {
+  return {
+    queue,
+    ready: Number(row.ready),
+    delayed: Number(row.delayed),
+    leased: Number(row.leased),
+    expiredLeases: Number(row.expired_leases),
+    dead: Number(row.dead),
+    retrying: Number(row.retrying),
+    oldestReadyAgeMs: Math.max(0, Number(row.oldest_ready_age_ms ?? 0)),
+  };
 }
 
 function ownedJson(items: readonly OwnedJob[]): string {

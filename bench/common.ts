@@ -1,0 +1,124 @@
+import { randomBytes } from 'node:crypto';
+import pg from 'pg';
+import { systemClock } from '../lib/src/core/clock.js';
+import { SqlQueueConsumer } from '../lib/src/core/consumer.js';
+import type { QueueEventListener } from '../lib/src/core/events.js';
+import { silentLogger } from '../lib/src/core/logger.js';
+import { resolveConsumerOptions, resolveQueueOptions, type QueueOptions } from '../lib/src/core/options.js';
+import { QueueProducerCore } from '../lib/src/core/producer.js';
+import type { QueueStore } from '../lib/src/core/queue-store.js';
+import { WakeBus } from '../lib/src/core/wake.js';
+import { createQueueStore } from '../lib/src/store/create-store.js';
+
+export const PG_URL = process.env.SQLQUEUE_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
+
+export interface Result {
+  case: string;
+  variant: string;
+  value: number;
+  unit: string;
+  /** The raw reference measured in the same run, if this figure has one. */
+  reference?: { name: string; value: number };
+  /** Target from the benchmark issue, as a ratio of the reference or an absolute bound. */
+  target?: string;
+  pass?: boolean;
+}
+
+export function schemaName(label: string): string {
+  return `bench_${label}_${randomBytes(3).toString('hex')}`;
+}
+
+export async function sql(url: string, text: string, params: unknown[] = []): Promise<pg.QueryResult> {
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  try {
+    return await client.query(text, params);
+  } finally {
+    await client.end();
+  }
+}
+
+export async function dropSchema(url: string, schema: string): Promise<void> {
+  await sql(url, `DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+}
+
+/** A migrated store in a fresh schema; dropped by the caller's `finally`. */
+export async function openStore(url: string, schema: string, poolSize = 20): Promise<QueueStore> {
+  const store = await createQueueStore({ dialect: 'postgres', url, poolSize }, { schema });
+  await store.migrate('auto');
+  return store;
+}
+
+export function producerFor(store: QueueStore, wakeBus = new WakeBus()): QueueProducerCore {
+  return new QueueProducerCore(store, { maxPayloadBytes: 1 << 20, maxAttemptsFor: () => 25 }, wakeBus, null);
+}
+
+/** The engine exactly as the Nest consumer host builds it, minus Nest. */
+export function consumerFor(
+  store: QueueStore,
+  queues: { queue: string; options: QueueOptions; handler: (payload: unknown) => Promise<void> }[],
+  listeners: QueueEventListener[],
+  wakeBus = new WakeBus(),
+): SqlQueueConsumer {
+  const consumerOptions = resolveConsumerOptions({});
+  const consumer = new SqlQueueConsumer({
+    store,
+    clock: systemClock,
+    logger: silentLogger,
+    listeners,
+    wakeBus,
+    workerId: `bench:${process.pid}`,
+    activationIntervalMs: consumerOptions.activationIntervalMs,
+    activationQuietMs: consumerOptions.activationQuietMs,
+  });
+  for (const { queue, options, handler } of queues) {
+    consumer.register(resolveQueueOptions(queue, { handler: options }, consumerOptions), (payload) => handler(payload));
+  }
+  return consumer;
+}
+
+export function perSecond(count: number, ms: number): number {
+  return Math.round((count * 1000) / ms);
+}
+
+export function percentile(sorted: number[], p: number): number {
+  if (sorted.length === 0) return Number.NaN;
+  const index = Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1));
+  return sorted[index]!;
+}
+
+/** Rejects if `work` runs past `ms`: every case is bounded in time. */
+export async function bounded<T>(what: string, ms: number, work: Promise<T>): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      work,
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`${what} did not finish within ${ms} ms`)), ms);
+      }),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+export async function runConcurrently(
+  workers: number,
+  total: number,
+  task: (index: number) => Promise<void>,
+): Promise<void> {
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: workers }, async () => {
+      for (;;) {
+        const index = next++;
+        if (index >= total) return;
+        await task(index);
+      }
+    }),
+  );
+}
+
+export function payload(i: number): { orderId: number; email: string; note: string } {
+  return { orderId: i, email: `user${i}@example.com`, note: 'welcome' };
+}

@@ -1,0 +1,80 @@
+/**
+ * `npm run bench`: the benchmark of bench/README.md, against the local PostgreSQL (override
+ * with SQLQUEUE_PG_URL). Every figure with a reference is compared with a raw `pg` loop
+ * measured in the same run, because absolute numbers drift on shared machines.
+ *
+ *   npm run bench                 full run (about 5 minutes)
+ *   npm run bench -- --quick      smaller sizes, for a smoke check
+ *   npm run bench -- --only=drain,latency
+ */
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { PG_URL, type Result } from './common.js';
+import { drainCase } from './cases/drain.js';
+import { enqueueCase } from './cases/enqueue.js';
+import { growthCase } from './cases/growth.js';
+import { idleCase } from './cases/idle.js';
+import { latencyCase } from './cases/latency.js';
+
+const args = process.argv.slice(2);
+const quick = args.includes('--quick');
+const only = args
+  .find((a) => a.startsWith('--only='))
+  ?.slice('--only='.length)
+  .split(',');
+const scale = quick ? 0.2 : 1;
+
+const cases: [string, () => Promise<Result[]>][] = [
+  ['enqueue', () => enqueueCase(PG_URL, scale)],
+  ['drain', () => drainCase(PG_URL, scale)],
+  ['latency', () => latencyCase(PG_URL, quick ? 5 : 20)],
+  ['growth', () => growthCase(PG_URL, quick ? 200_000 : 1_000_000, Math.round(20_000 * scale))],
+  ['idle', () => idleCase(PG_URL, quick ? 10 : 30)],
+];
+
+function ratio(result: Result): number | undefined {
+  return result.reference ? Math.round((result.value / result.reference.value) * 1000) / 10 : undefined;
+}
+
+function verdict(result: Result): string {
+  if (result.pass !== undefined) return result.pass ? 'PASS' : 'MISS';
+  const match = result.target?.match(/^>= (\d+)% of reference$/);
+  if (!match) return '';
+  return (ratio(result) ?? 0) >= Number(match[1]) ? 'PASS' : 'MISS';
+}
+
+const results: Result[] = [];
+const started = Date.now();
+for (const [name, run] of cases) {
+  if (only && !only.includes(name)) continue;
+  process.stderr.write(`running ${name}…\n`);
+  results.push(...(await run()));
+}
+
+const rows = results.map((r) => [
+  r.case,
+  r.variant,
+  `${r.value.toLocaleString('en')} ${r.unit}`,
+  r.reference ? `${r.reference.value.toLocaleString('en')} (${r.reference.name})` : '',
+  ratio(r) === undefined ? '' : `${ratio(r)}%`,
+  r.target ?? '',
+  verdict(r),
+]);
+const header = ['case', 'variant', 'ours', 'reference', 'ratio', 'target', ''];
+const widths = header.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i]!.length)));
+const line = (cells: string[]) => cells.map((c, i) => c.padEnd(widths[i]!)).join(' | ');
+process.stdout.write(`${line(header)}\n${widths.map((w) => '-'.repeat(w)).join('-|-')}\n`);
+for (const row of rows) process.stdout.write(`${line(row)}\n`);
+
+const report = {
+  date: new Date().toISOString(),
+  node: process.version,
+  quick,
+  durationSeconds: Math.round((Date.now() - started) / 1000),
+  results: results.map((r) => ({ ...r, ratioPercent: ratio(r), verdict: verdict(r) || undefined })),
+};
+process.stdout.write(`\n${JSON.stringify(report, null, 2)}\n`);
+mkdirSync(new URL('../../../bench/results/', import.meta.url), { recursive: true });
+writeFileSync(
+  new URL(`../../../bench/results/${quick ? 'quick' : 'latest'}.json`, import.meta.url),
+  `${JSON.stringify(report, null, 2)}\n`,
+);
