@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import mssql from 'mssql';
 import pg from 'pg';
 import { systemClock } from '../lib/src/core/clock.js';
 import { SqlQueueConsumer } from '../lib/src/core/consumer.js';
@@ -9,8 +10,17 @@ import { QueueProducerCore } from '../lib/src/core/producer.js';
 import type { QueueStore } from '../lib/src/core/queue-store.js';
 import { WakeBus } from '../lib/src/core/wake.js';
 import { createQueueStore } from '../lib/src/store/create-store.js';
+import { mssqlConfigFromUrl } from '../lib/src/store/mssql/mssql.connect.js';
 
 export const PG_URL = process.env.SQLQUEUE_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
+
+/** A database the bench runs against. SQL Server runs only our side (no raw reference there). */
+export interface Target {
+  dialect: 'postgres' | 'mssql';
+  url: string;
+}
+
+export const POSTGRES: Target = { dialect: 'postgres', url: PG_URL };
 
 export interface Result {
   case: string;
@@ -38,13 +48,39 @@ export async function sql(url: string, text: string, params: unknown[] = []): Pr
   }
 }
 
-export async function dropSchema(url: string, schema: string): Promise<void> {
-  await sql(url, `DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+export async function dropSchema(target: Target | string, schema: string): Promise<void> {
+  const { dialect, url } = typeof target === 'string' ? postgresAt(target) : target;
+  if (dialect === 'postgres') {
+    await sql(url, `DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+    return;
+  }
+  const pool = await new mssql.ConnectionPool(mssqlConfigFromUrl(url, 2)).connect();
+  try {
+    // Tables (Attempts first: it references Jobs), then the sequence, the table types, the schema.
+    await pool.request().input('schema', mssql.NVarChar(128), schema).batch(`
+DECLARE @statement nvarchar(max) = N'';
+SELECT @statement += N'DROP TABLE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(name) + N'; '
+FROM sys.tables WHERE schema_id = SCHEMA_ID(@schema) ORDER BY CASE name WHEN N'Attempts' THEN 0 ELSE 1 END;
+SELECT @statement += N'DROP SEQUENCE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(name) + N'; '
+FROM sys.sequences WHERE schema_id = SCHEMA_ID(@schema);
+SELECT @statement += N'DROP TYPE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(name) + N'; '
+FROM sys.types WHERE is_user_defined = 1 AND schema_id = SCHEMA_ID(@schema);
+IF SCHEMA_ID(@schema) IS NOT NULL SET @statement += N'DROP SCHEMA ' + QUOTENAME(@schema) + N';';
+EXEC sys.sp_executesql @statement;`);
+  } finally {
+    await pool.close();
+  }
+}
+
+function postgresAt(url: string): Target {
+  return { dialect: 'postgres', url };
 }
 
 /** A migrated store in a fresh schema; dropped by the caller's `finally`. */
-export async function openStore(url: string, schema: string, poolSize = 20): Promise<QueueStore> {
-  const store = await createQueueStore({ dialect: 'postgres', url, poolSize }, { schema });
+export async function openStore(target: Target | string, schema: string, poolSize = 20): Promise<QueueStore> {
+  const { dialect, url } = typeof target === 'string' ? postgresAt(target) : target;
+  const connection = dialect === 'postgres' ? { dialect, url, poolSize } : { dialect, url, poolSize };
+  const store = await createQueueStore(connection, { schema });
   await store.migrate('auto');
   return store;
 }

@@ -6,9 +6,12 @@
  *   npm run bench                 full run (about 5 minutes)
  *   npm run bench -- --quick      smaller sizes, for a smoke check
  *   npm run bench -- --only=drain,latency
+ *
+ * With SQLQUEUE_MSSQL_URL set, enqueue and drain also run against SQL Server (ours only: the raw
+ * reference loops are written for PostgreSQL).
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { PG_URL, type Result } from './common.js';
+import { PG_URL, POSTGRES, type Result, type Target } from './common.js';
 import { drainCase } from './cases/drain.js';
 import { enqueueCase } from './cases/enqueue.js';
 import { growthCase } from './cases/growth.js';
@@ -23,9 +26,19 @@ const only = args
   .split(',');
 const scale = quick ? 0.2 : 1;
 
+const mssql: Target | null = process.env.SQLQUEUE_MSSQL_URL
+  ? { dialect: 'mssql', url: process.env.SQLQUEUE_MSSQL_URL }
+  : null;
+
 const cases: [string, () => Promise<Result[]>][] = [
-  ['enqueue', () => enqueueCase(PG_URL, scale)],
-  ['drain', () => drainCase(PG_URL, scale)],
+  ['enqueue', () => enqueueCase(POSTGRES, scale)],
+  ['drain', () => drainCase(POSTGRES, scale)],
+  ...(mssql
+    ? ([
+        ['enqueue', () => enqueueCase(mssql, scale)],
+        ['drain', () => drainCase(mssql, scale)],
+      ] as [string, () => Promise<Result[]>][])
+    : []),
   ['latency', () => latencyCase(PG_URL, quick ? 5 : 20)],
   ['growth', () => growthCase(PG_URL, quick ? 200_000 : 1_000_000, Math.round(20_000 * scale))],
   ['idle', () => idleCase(PG_URL, quick ? 10 : 30)],
@@ -38,7 +51,7 @@ function ratio(result: Result): number | undefined {
 function verdict(result: Result): string {
   if (result.pass !== undefined) return result.pass ? 'PASS' : 'MISS';
   const match = result.target?.match(/^>= (\d+)% of reference$/);
-  if (!match) return '';
+  if (!match || !result.reference) return '';
   return (ratio(result) ?? 0) >= Number(match[1]) ? 'PASS' : 'MISS';
 }
 

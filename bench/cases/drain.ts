@@ -9,8 +9,8 @@ import {
   perSecond,
   producerFor,
   schemaName,
-  sql,
   type Result,
+  type Target,
 } from '../common.js';
 import { RawReference } from '../reference.js';
 
@@ -58,27 +58,31 @@ export async function drainOnce(
   return perSecond(total, elapsed);
 }
 
-export async function drainCase(url: string, scale: number): Promise<Result[]> {
+export async function drainCase(target: Target, scale: number): Promise<Result[]> {
   const schema = schemaName('drain');
-  const store = await openStore(url, schema, 20);
-  const raw = await RawReference.open(url, schema, 4);
+  const store = await openStore(target, schema, 20);
+  const raw = target.dialect === 'postgres' ? await RawReference.open(target.url, schema, 4) : null;
+  const label = target.dialect === 'postgres' ? '' : ' [SQL Server]';
   const results: Result[] = [];
+  const queues: string[] = [];
   try {
     const total = Math.round(20_000 * scale);
-    const raw100 = await raw.drain(total, 100);
-    const raw1 = await raw.drain(Math.round(total / 4), 1);
+    const raw100 = await raw?.drain(total, 100);
+    const raw1 = await raw?.drain(Math.round(total / 4), 1);
     for (const concurrency of [1, 10, 50]) {
+      queues.push(`drain-${concurrency}`);
       const value = await drainOnce(store, `drain-${concurrency}`, total, concurrency, 'throughput');
       results.push({
         case: 'drain',
-        variant: `concurrency ${concurrency} (batch 100, prefetch 200)`,
+        variant: `concurrency ${concurrency} (batch 100, prefetch 200)${label}`,
         value,
         unit: 'jobs/s',
-        reference: { name: 'raw claim LIMIT 100 + one completion', value: raw100 },
+        ...(raw100 ? { reference: { name: 'raw claim LIMIT 100 + one completion', value: raw100 } } : {}),
         ...(concurrency === 10 ? { target: '>= 50% of reference' } : {}),
       });
     }
     for (const concurrency of [1, 10]) {
+      queues.push(`drain-default-${concurrency}`);
       const value = await drainOnce(
         store,
         `drain-default-${concurrency}`,
@@ -88,18 +92,21 @@ export async function drainCase(url: string, scale: number): Promise<Result[]> {
       );
       results.push({
         case: 'drain',
-        variant: `concurrency ${concurrency} (library defaults, no prefetch)`,
+        variant: `concurrency ${concurrency} (library defaults, no prefetch)${label}`,
         value,
         unit: 'jobs/s',
-        reference: { name: 'raw claim LIMIT 1 + completion', value: raw1 },
+        ...(raw1 ? { reference: { name: 'raw claim LIMIT 1 + completion', value: raw1 } } : {}),
       });
     }
-    const [left] = (await sql(url, `SELECT count(*)::int AS n FROM "${schema}".jobs WHERE state <> 'done'`)).rows;
-    if (left.n !== 0) throw new Error(`drain left ${left.n} jobs unfinished`);
+    for (const queue of queues) {
+      const stats = await store.stats(queue);
+      const left = stats.ready + stats.delayed + stats.leased + stats.dead;
+      if (left !== 0) throw new Error(`drain left ${left} jobs unfinished in ${queue}`);
+    }
   } finally {
-    await raw.close();
+    await raw?.close();
     await store.close();
-    await dropSchema(url, schema);
+    await dropSchema(target, schema);
   }
   return results;
 }
