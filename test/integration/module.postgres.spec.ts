@@ -188,6 +188,91 @@ describe('SqlQueueModule: boot errors name the class and the problem', () => {
   });
 });
 
+describe('SqlQueueModule: option precedence and misuse', () => {
+  it('stores the handler maxAttempts over the module queues entry, as the consumer applies it', async () => {
+    @QueueHandler('prec', { maxAttempts: 7 })
+    class PrecedenceHandler {
+      async handle() {
+        await new Promise(() => undefined);
+      }
+    }
+    const { app } = await boot({
+      schema,
+      providers: [PrecedenceHandler],
+      module: { queues: { prec: { maxAttempts: 2 } }, consumer: { enabled: false } },
+    });
+    const { jobId } = await app.get(QueueProducer).enqueue('prec', {});
+    expect((await app.get(QueueProducer).getJob(jobId))!.maxAttempts).toBe(7);
+  });
+
+  it('refuses a second SqlQueueModule instance at boot, naming the fix', async () => {
+    @Module({ imports: [SqlQueueModule.forRoot({ connection, schema })] })
+    class FeatureWithItsOwnQueue {}
+    await expect(boot({ schema, imports: [FeatureWithItsOwnQueue] })).rejects.toThrow(
+      /imported more than once in this application: import it once/,
+    );
+  });
+
+  it('rejects a nonsensical extendLease() and keeps the lease', async () => {
+    const errors: unknown[] = [];
+    const done = deferred<void>();
+    @QueueHandler('extend')
+    class ExtendingHandler {
+      async handle(_payload: unknown, ctx: JobContext) {
+        for (const ms of [0, -5, 1.5, Number.NaN]) await ctx.extendLease(ms).catch((e: unknown) => errors.push(e));
+        await ctx.extendLease(120_000);
+        done.resolve();
+      }
+    }
+    const { app } = await boot({ schema, providers: [ExtendingHandler] });
+    const { jobId } = await app.get(QueueProducer).enqueue('extend', {});
+    await done.promise;
+    expect(errors).toHaveLength(4);
+    expect(errors.every((e) => e instanceof SqlQueueValidationError)).toBe(true);
+    await waitFor(
+      () => app.get(QueueProducer).getJob(jobId),
+      (job) => job?.state === 'done',
+    );
+  });
+
+  it('does not wake readers for a job enqueued in a transaction that has not committed', async () => {
+    const claims: number[] = [];
+    @QueueHandler('txwake', { minReaders: 1, maxReaders: 1, minPollMs: 5_000, maxPollMs: 5_000 })
+    class TxWakeHandler {
+      async handle() {}
+    }
+    const { app } = await boot({
+      schema,
+      providers: [TxWakeHandler],
+      module: { listeners: [{ emptyClaim: () => claims.push(Date.now()), claimed: () => claims.push(Date.now()) }] },
+    });
+    await waitFor(
+      () => claims.length,
+      (n) => n >= 1,
+      { what: 'the first (empty) claim' },
+    );
+    const before = claims.length;
+    const client = new pg.Client({ connectionString: PG_URL });
+    await client.connect();
+    try {
+      await client.query('BEGIN');
+      const { jobId } = await app.get(QueueProducer).enqueue('txwake', {}, { transaction: client });
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      // No wake-up while the job is invisible: no claim was spent on it.
+      expect(claims.length).toBe(before);
+      await client.query('COMMIT');
+      app.get(QueueProducer).wake('txwake');
+      await waitFor(
+        () => app.get(QueueProducer).getJob(jobId),
+        (job) => job?.state === 'done',
+        { timeoutMs: 3_000 },
+      );
+    } finally {
+      await client.end();
+    }
+  });
+});
+
 describe('SqlQueueModule: running jobs', () => {
   it('1,000 jobs enqueued from a controller each run exactly once', async () => {
     const runs = new Map<number, number>();

@@ -105,6 +105,23 @@ describe('a queue consumer on a fake clock', () => {
     expect(consumer!.snapshot().readers).toBe(1);
   });
 
+  it('starts the stall clock when a reader begins to wait, not at the last claim before a long job', async () => {
+    const store = new MemoryStore();
+    store.add(1);
+    // After the first claim, claims hang (a slow database): only the waiting reader moves the clock.
+    const firstClaim = store.claim.bind(store);
+    let claims = 0;
+    store.claim = (request) => (++claims === 1 ? firstClaim(request) : new Promise(() => undefined));
+    start(store, { minReaders: 1, maxReaders: 1, minPollMs: 50, maxPollMs: 1_000 }, () => clock.sleep(90_000));
+    await clock.advance(89_000);
+    expect(consumer!.snapshot().running).toBe(1);
+    await clock.advance(2_000);
+    // The 90 s job finished at 90 s; the reader has waited 1 s on a claim that has not returned.
+    const snapshot = consumer!.snapshot();
+    expect(snapshot.running).toBe(0);
+    expect(clock.now() - snapshot.lastLoopAt).toBeLessThanOrEqual(1_000);
+  });
+
   it('an idle queue claims at a rate bounded by maxPollMs, never hot-looping', async () => {
     const store = new MemoryStore();
     start(store, { minReaders: 2, maxReaders: 2, minPollMs: 50, maxPollMs: 1_000 }, async () => {});

@@ -104,8 +104,12 @@ describe('SqlQueuePrometheusExporter', () => {
     const registry = new Registry();
     const first = setup({ registry });
     expect(registry.getMetricsAsArray().length).toBeGreaterThan(10);
-    expect(() => setup({ registry })).toThrow(/already been registered/);
-    first.exporter.onModuleDestroy();
+    const count = registry.getMetricsAsArray().length;
+    // A second exporter on the same registry is refused with a clear error, and its failure
+    // does not take the first one's metrics with it.
+    expect(() => setup({ registry })).toThrow(/already has a metric named 'sqlqueue_stats_up'/);
+    expect(registry.getMetricsAsArray()).toHaveLength(count);
+    first.exporter.onApplicationShutdown();
     expect(registry.getMetricsAsArray()).toEqual([]);
     const second = setup({ registry });
     expect(sampleValue(await second.scrape(), 'sqlqueue_stats_up')).toBe(1);

@@ -18,8 +18,10 @@ export interface JobContext {
    */
   signal: AbortSignal;
   /**
-   * Renews the lease now (by `ms`, default the queue's lease), for a handler about to enter a
-   * long step. Rejects with SqlQueueLeaseLostError if the job is no longer this worker's.
+   * Renews the lease now, for a handler about to enter a long step: to `ms` from now (an
+   * integer; default the queue's `leaseMs`), and later heartbeats keep that longer lease. It
+   * never shortens the lease, and `maxDurationMs` still bounds it. Rejects with
+   * SqlQueueLeaseLostError if the job is no longer this worker's.
    */
   extendLease(ms?: number): Promise<void>;
 }

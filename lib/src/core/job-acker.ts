@@ -3,7 +3,8 @@ import { safeEmit, type QueueEventListener } from './events.js';
 import { ThrottledErrorLog, type QueueLogger } from './logger.js';
 import type { ResolvedQueueOptions } from './options.js';
 import type { QueueStore } from './queue-store.js';
-import type { ClaimedJob } from './types.js';
+import { settleWithin, withTimeout } from './timeout.js';
+import type { ClaimedJob, OwnershipOutcome } from './types.js';
 
 /** A job this process holds a lease on, from claim until its outcome is recorded. */
 export interface HeldJob {
@@ -14,6 +15,8 @@ export interface HeldJob {
   abortReason: unknown;
   /** Set while the handler runs: starts the grace period after which a deaf handler is abandoned. */
   onAbort: (() => void) | null;
+  /** Lease length this job's heartbeats ask for: the queue's, or longer after extendLease(). */
+  leaseMs: number;
   /** Engine clock when the claim was sent: a lower bound for the lease's start. */
   claimedAtLocal: number;
   renewedAtLocal: number;
@@ -118,7 +121,9 @@ export class JobAcker {
   async drain(timeoutMs = 10_000): Promise<void> {
     const deadline = this.deps.clock.now() + timeoutMs;
     while ((this.pending > 0 || this.flushing) && this.deps.clock.now() < deadline) {
-      await (this.flushing ?? this.deps.clock.sleep(RETRY_MIN_MS));
+      // A flush stuck on a dead connection must not hold shutdown past its deadline.
+      if (this.flushing) await settleWithin(this.flushing, deadline - this.deps.clock.now());
+      else await this.deps.clock.sleep(RETRY_MIN_MS);
     }
     const left = [...this.completes, ...this.failures, ...this.releases];
     if (left.length > 0) {
@@ -134,6 +139,16 @@ export class JobAcker {
 
   private giveUpAt(): number {
     return this.deps.clock.now() + 2 * this.options.leaseMs;
+  }
+
+  /**
+   * Each outcome statement is bounded: one that hangs on a dead connection counts as failed and
+   * is retried (the token check and the 'already' answer make a repeat harmless), instead of
+   * stopping all outcome recording for the queue.
+   */
+  private bounded<T>(work: Promise<T>, what: string): Promise<T> {
+    const ms = Math.min(Math.max(this.options.leaseMs / 2, 2_000), 30_000);
+    return withTimeout(work, ms, `${what} in queue '${this.options.queue}'`);
   }
 
   private schedule(): void {
@@ -167,8 +182,9 @@ export class JobAcker {
     if (items.length === 0) return true;
     let results;
     try {
-      results = await this.deps.store.complete(
-        items.map(({ held }) => ({ id: held.job.id, claimToken: held.job.claimToken })),
+      results = await this.bounded(
+        this.deps.store.complete(items.map(({ held }) => ({ id: held.job.id, claimToken: held.job.claimToken }))),
+        'recording completions',
       );
     } catch (error) {
       this.requeue(this.completes, items, error);
@@ -199,16 +215,19 @@ export class JobAcker {
     if (items.length === 0) return true;
     let results;
     try {
-      results = await this.deps.store.fail(
-        items.map(({ held, error, delayMs, dead }) => ({
-          id: held.job.id,
-          claimToken: held.job.claimToken,
-          error: truncate(errorMessage(error), ERROR_TEXT_LIMIT),
-          stack: error instanceof Error && error.stack ? truncate(error.stack, STACK_TEXT_LIMIT) : null,
-          retryDelayMs: delayMs,
-          dead,
-          workerId: this.deps.workerId,
-        })),
+      results = await this.bounded(
+        this.deps.store.fail(
+          items.map(({ held, error, delayMs, dead }) => ({
+            id: held.job.id,
+            claimToken: held.job.claimToken,
+            error: truncate(errorMessage(error), ERROR_TEXT_LIMIT),
+            stack: error instanceof Error && error.stack ? truncate(error.stack, STACK_TEXT_LIMIT) : null,
+            retryDelayMs: delayMs,
+            dead,
+            workerId: this.deps.workerId,
+          })),
+        ),
+        'recording failures',
       );
     } catch (error) {
       this.requeue(this.failures, items, error);
@@ -247,13 +266,21 @@ export class JobAcker {
 
   private async flushReleases(items: Pending[]): Promise<boolean> {
     if (items.length === 0) return true;
+    let results: { id: string; outcome: OwnershipOutcome }[];
     try {
-      await this.deps.store.release(items.map(({ held }) => ({ id: held.job.id, claimToken: held.job.claimToken })));
+      results = await this.bounded(
+        this.deps.store.release(items.map(({ held }) => ({ id: held.job.id, claimToken: held.job.claimToken }))),
+        'giving back jobs',
+      );
     } catch (error) {
       this.requeue(this.releases, items, error);
       return false;
     }
-    for (const { held } of items) this.onSettled(held);
+    const outcomes = new Map(results.map((r) => [r.id, r.outcome]));
+    for (const { held } of items) {
+      if ((outcomes.get(held.job.id) ?? 'lost') === 'lost') this.reportLost(held, 'release');
+      this.onSettled(held);
+    }
     return true;
   }
 
@@ -271,10 +298,11 @@ export class JobAcker {
     queue.unshift(...keep);
   }
 
-  private reportLost(held: HeldJob, during: 'complete' | 'fail'): void {
+  private reportLost(held: HeldJob, during: 'complete' | 'fail' | 'release'): void {
     const { job } = held;
+    const what = { complete: 'completion', fail: 'failure', release: 'give-back' }[during];
     this.deps.logger.warn(
-      `job ${job.id} in queue '${job.queue}': ${during === 'complete' ? 'completion' : 'failure'} refused, this worker lost ownership (lease expired or job re-claimed); the result is not counted`,
+      `job ${job.id} in queue '${job.queue}': ${what} refused, this worker lost ownership (lease expired or job re-claimed); the result is not counted`,
     );
     safeEmit(this.deps.listeners, 'lostOwnership', { queue: job.queue, jobId: job.id, during, outcome: 'lost' });
   }

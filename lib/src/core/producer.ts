@@ -53,7 +53,9 @@ export class QueueProducerCore {
     const { transaction, ...jobOptions } = assertOptionsObject(options, `enqueue to '${String(queue)}'`);
     const job = this.prepare(queue, payload, jobOptions);
     const [result] = await this.store.enqueue([job], transaction);
-    if (result!.created) this.wake(queue);
+    // Inside the caller's transaction the job is invisible until the caller commits: a wake-up
+    // now would only cost every reader an empty claim. The caller wakes after commit (wake()).
+    if (result!.created && transaction === undefined) this.wake(queue);
     return result!;
   }
 
@@ -84,7 +86,7 @@ export class QueueProducerCore {
     for (let start = 0; start < jobs.length; start += ENQUEUE_CHUNK) {
       results.push(...(await this.store.enqueue(jobs.slice(start, start + ENQUEUE_CHUNK), transaction)));
     }
-    if (results.some((r) => r.created)) this.wake(queue);
+    if (transaction === undefined && results.some((r) => r.created)) this.wake(queue);
     return results;
   }
 

@@ -6,6 +6,7 @@ import {
   SqlQueueLeaseLostError,
   SqlQueueShutdownError,
   SqlQueueUnrecoverableError,
+  SqlQueueValidationError,
 } from './errors.js';
 import { safeEmit, type QueueEventListener } from './events.js';
 import type { JobContext, JobHandler } from './handler.js';
@@ -13,7 +14,8 @@ import { abortJob, JobAcker, signalOf, type HeldJob } from './job-acker.js';
 import { ThrottledErrorLog, type QueueLogger } from './logger.js';
 import type { ResolvedQueueOptions } from './options.js';
 import type { QueueStore } from './queue-store.js';
-import type { ClaimedJob } from './types.js';
+import { settleWithin, withTimeout } from './timeout.js';
+import type { ClaimedJob, HeartbeatResult } from './types.js';
 
 export interface QueueConsumerDeps {
   store: QueueStore;
@@ -44,6 +46,7 @@ const ABANDON_GRACE_MS = 5_000;
 const SHUTDOWN_ABANDON_GRACE_MS = 1_000;
 const ERROR_BACKOFF_MIN_MS = 100;
 const ERROR_BACKOFF_MAX_MS = 5_000;
+const INT_MAX = 2_147_483_647;
 
 /**
  * Runs the handlers of one queue: readers (between minReaders and maxReaders, per the
@@ -62,6 +65,10 @@ export class QueueConsumer {
   private claimsInFlight = 0;
   private requested = 0;
   private claimScheduled = false;
+  /** Claims in flight, awaited by shutdown so that what they return is given back. */
+  private readonly claims = new Set<Promise<void>>();
+  /** Engine clock time a reader started waiting with none waiting before; null if none waits. */
+  private waitingSince: number | null = null;
   private wokenDuringClaim = false;
   private stopping = false;
   private started = false;
@@ -75,6 +82,8 @@ export class QueueConsumer {
   private readonly heartbeatErrors: ThrottledErrorLog;
   private readonly acker: JobAcker;
   private timers: { cancel(): void }[] = [];
+  /** Heartbeat and activation runs in flight (each bounded), awaited by shutdown. */
+  private readonly background = new Set<Promise<void>>();
   private activationCheckRunning = false;
   private heartbeatRunning = false;
 
@@ -101,8 +110,16 @@ export class QueueConsumer {
     this.started = true;
     for (let i = 0; i < this.options.minReaders; i++) this.addReader('start');
     const heartbeatEvery = Math.max(20, Math.min(Math.floor(this.options.leaseMs / 6), 5_000));
-    this.timers.push(this.deps.clock.setInterval(() => void this.renewLeases(), heartbeatEvery));
-    this.timers.push(this.deps.clock.setInterval(() => void this.checkActivation(), this.deps.activationIntervalMs));
+    this.timers.push(this.deps.clock.setInterval(() => this.track(this.renewLeases()), heartbeatEvery));
+    this.timers.push(
+      this.deps.clock.setInterval(() => this.track(this.checkActivation()), this.deps.activationIntervalMs),
+    );
+  }
+
+  /** Keeps a timer task's promise until it settles, so shutdown can wait for it. */
+  private track(task: Promise<void>): void {
+    this.background.add(task);
+    void task.finally(() => this.background.delete(task));
   }
 
   /** New work may be there: end the idle pause and claim at once. */
@@ -122,7 +139,9 @@ export class QueueConsumer {
       readers: this.readers,
       running: this.running.size,
       buffered: this.buffer.length,
-      lastLoopAt: this.lastLoopAt,
+      // A loop that rightly slept while every reader was busy starts its stall clock only when
+      // a reader begins to wait, not at its last claim.
+      lastLoopAt: Math.max(this.lastLoopAt, this.waiting.length > 0 ? (this.waitingSince ?? 0) : 0),
       claimFailing: this.claimErrors.failing,
       stopping: this.stopping,
     };
@@ -165,6 +184,7 @@ export class QueueConsumer {
       return Promise.resolve(next);
     }
     return new Promise((resolve) => {
+      if (this.waiting.length === 0) this.waitingSince = this.deps.clock.now();
       this.waiting.push(resolve);
       this.pump();
     });
@@ -198,11 +218,13 @@ export class QueueConsumer {
       this.wokenDuringClaim = false;
       this.claimsInFlight++;
       this.requested += limit;
-      void this.claim(limit).finally(() => {
+      const claiming: Promise<void> = this.claim(limit).finally(() => {
         this.claimsInFlight--;
         this.requested -= limit;
+        this.claims.delete(claiming);
         this.pump();
       });
+      this.claims.add(claiming);
     }
   }
 
@@ -276,7 +298,9 @@ export class QueueConsumer {
   }
 
   private async checkActivation(): Promise<void> {
-    if (this.stopping || this.activationCheckRunning) return;
+    // A reader waiting for a job is proof the readers keep up: no query, no new reader. This
+    // also keeps an idle queue's cost at its claims alone.
+    if (this.stopping || this.activationCheckRunning || this.waiting.length > 0) return;
     const input = {
       readers: this.readers,
       minReaders: this.options.minReaders,
@@ -290,7 +314,9 @@ export class QueueConsumer {
     this.activationCheckRunning = true;
     try {
       // Readers all busy and jobs still buffered locally is work enough; otherwise ask the database.
-      const hasClaimableWork = this.buffer.length > 0 || (await this.deps.store.hasClaimableWork(this.queue));
+      const hasClaimableWork =
+        this.buffer.length > 0 ||
+        (await withTimeout(this.deps.store.hasClaimableWork(this.queue), 5_000, 'activation probe'));
       if (!this.stopping && shouldAddReader({ ...input, readers: this.readers, hasClaimableWork })) {
         this.addReader('activation');
         this.deps.logger.debug?.(`queue '${this.queue}': started reader ${this.readers} (work waiting, readers busy)`);
@@ -311,6 +337,7 @@ export class QueueConsumer {
       aborted: false,
       abortReason: undefined,
       onAbort: null,
+      leaseMs: this.options.leaseMs,
       claimedAtLocal,
       renewedAtLocal: claimedAtLocal,
       localLeaseUntil: claimedAtLocal + this.options.leaseMs,
@@ -403,63 +430,77 @@ export class QueueConsumer {
   // ---- leases -----------------------------------------------------------------------------
 
   private async extendLease(held: HeldJob, ms?: number): Promise<void> {
+    if (ms !== undefined && (typeof ms !== 'number' || !Number.isInteger(ms) || ms < 1 || ms > INT_MAX)) {
+      throw new SqlQueueValidationError(
+        `job ${held.job.id} in queue '${held.job.queue}': extendLease(ms) takes an integer from 1 to ${INT_MAX}, got ${String(ms)}`,
+      );
+    }
     if (held.lost) throw new SqlQueueLeaseLostError(held.job.queue, held.job.id);
-    const leaseMs = ms ?? this.options.leaseMs;
+    // Never shortens: later routine heartbeats keep the longer lease, so the extension holds.
+    held.leaseMs = Math.max(held.leaseMs, ms ?? 0);
     const requestedAt = this.deps.clock.now();
-    const [result] = await this.deps.store.heartbeat([
-      { id: held.job.id, claimToken: held.job.claimToken, leaseMs, maxDurationMs: this.options.maxDurationMs },
-    ]);
+    const [result] = await this.boundedHeartbeat([held]);
     if (!result || result.outcome === 'lost') {
       this.markLost(held);
       throw new SqlQueueLeaseLostError(held.job.queue, held.job.id);
     }
     held.renewedAtLocal = requestedAt;
-    held.localLeaseUntil = requestedAt + leaseMs;
+    held.localLeaseUntil = requestedAt + held.leaseMs;
+  }
+
+  /** One heartbeat statement, bounded so a dead connection cannot hold the lease keeper. */
+  private boundedHeartbeat(helds: readonly HeldJob[]): Promise<HeartbeatResult[]> {
+    return withTimeout(
+      this.deps.store.heartbeat(
+        helds.map((held) => ({
+          id: held.job.id,
+          claimToken: held.job.claimToken,
+          leaseMs: held.leaseMs,
+          maxDurationMs: this.options.maxDurationMs,
+        })),
+      ),
+      Math.max(1_000, Math.floor(this.options.leaseMs / 3)),
+      `renewing leases in queue '${this.queue}'`,
+    );
   }
 
   /**
-   * One batch heartbeat for every held job whose lease is a third used up; also enforces
-   * maxDurationMs, and aborts handlers whose lease could not be confirmed before it ran out.
+   * Every tick: enforces maxDurationMs and aborts handlers whose lease could not be confirmed
+   * before it ran out (these checks never wait on the database), then sends one batch
+   * heartbeat for the held jobs whose lease is a third used up, unless one is still in flight.
    */
   private async renewLeases(): Promise<void> {
-    if (this.heartbeatRunning || this.held.size === 0) return;
+    if (this.held.size === 0) return;
+    const now = this.deps.clock.now();
+    const due: HeldJob[] = [];
+    for (const held of this.held.values()) {
+      if (held.lost || held.timedOut) continue;
+      const maxDuration = this.options.maxDurationMs;
+      if (maxDuration !== null && now - held.claimedAtLocal >= maxDuration && this.running.has(held.job.id)) {
+        this.timeOut(held, maxDuration);
+        continue;
+      }
+      if (now >= held.localLeaseUntil) {
+        // Could not renew in time (database unreachable): another worker may own it by now.
+        abortJob(
+          held,
+          new SqlQueueLeaseLostError(held.job.queue, held.job.id, 'the lease could not be renewed before it expired'),
+        );
+      }
+      if (now - held.renewedAtLocal >= held.leaseMs / 3) due.push(held);
+    }
+    if (this.heartbeatRunning || due.length === 0) return;
     this.heartbeatRunning = true;
     try {
-      const now = this.deps.clock.now();
-      const due: HeldJob[] = [];
-      for (const held of this.held.values()) {
-        if (held.lost || held.timedOut) continue;
-        const maxDuration = this.options.maxDurationMs;
-        if (maxDuration !== null && now - held.claimedAtLocal >= maxDuration && this.running.has(held.job.id)) {
-          this.timeOut(held, maxDuration);
-          continue;
-        }
-        if (now >= held.localLeaseUntil) {
-          // Could not renew in time (database unreachable): another worker may own it by now.
-          abortJob(
-            held,
-            new SqlQueueLeaseLostError(held.job.queue, held.job.id, 'the lease could not be renewed before it expired'),
-          );
-        }
-        if (now - held.renewedAtLocal >= this.options.leaseMs / 3) due.push(held);
-      }
-      if (due.length === 0) return;
       const requestedAt = this.deps.clock.now();
-      const results = await this.deps.store.heartbeat(
-        due.map((held) => ({
-          id: held.job.id,
-          claimToken: held.job.claimToken,
-          leaseMs: this.options.leaseMs,
-          maxDurationMs: this.options.maxDurationMs,
-        })),
-      );
+      const results = await this.boundedHeartbeat(due);
       this.heartbeatErrors.succeeded();
       const byId = new Map(results.map((r) => [r.id, r]));
       for (const held of due) {
         const result = byId.get(held.job.id);
         if (result?.outcome === 'ok') {
           held.renewedAtLocal = requestedAt;
-          held.localLeaseUntil = requestedAt + this.options.leaseMs;
+          held.localLeaseUntil = requestedAt + held.leaseMs;
         } else if (
           this.held.get(held.job.id) === held &&
           (this.running.has(held.job.id) || this.buffer.includes(held))
@@ -518,6 +559,13 @@ export class QueueConsumer {
     const released = this.buffer.splice(0);
     this.acker.release(released);
 
+    // Claims already sent: wait for them (bounded), so the jobs they bring back are given back
+    // now, before connections close, instead of staying leased until their lease runs out.
+    if (!(await settleWithin(Promise.all([...this.claims]), timeoutMs + SHUTDOWN_ABANDON_GRACE_MS))) {
+      this.deps.logger.warn(
+        `queue '${this.queue}': a claim was still in flight at shutdown (database unresponsive?); jobs it leased come back when their lease expires`,
+      );
+    }
     const runningAtStop = this.running.size;
     const allDone = () => Promise.all([...this.running.values()]).then(() => undefined);
     const deadline = new AbortController();
@@ -541,6 +589,8 @@ export class QueueConsumer {
     await this.acker.drain();
     for (const timer of this.timers) timer.cancel();
     this.timers = [];
+    // A heartbeat or activation probe still running finishes before connections close.
+    await settleWithin(Promise.all([...this.background]), 5_000);
     return { finished: runningAtStop - aborted, aborted, released: released.length };
   }
 }

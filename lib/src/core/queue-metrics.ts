@@ -267,6 +267,7 @@ export interface QueueHealthReading {
  */
 export class QueueHealthReader {
   private inFlight: Promise<QueueHealthReading> | null = null;
+  private inFlightSince = 0;
   private last: QueueHealthReading | null = null;
 
   constructor(
@@ -281,8 +282,17 @@ export class QueueHealthReader {
     if (last?.ok && last.readAt !== null && this.now() - last.readAt < maxAgeMs) return last;
     const startedAt = this.now();
     // A statement still running from an earlier, timed-out call is joined rather than repeated:
-    // a slow database must not be handed one more statement per scrape.
-    this.inFlight ??= this.query();
+    // a slow database must not be handed one more statement per scrape. But one stuck for long
+    // (a half-open connection) is abandoned, or the reader would stay failed after recovery.
+    if (this.inFlight && startedAt - this.inFlightSince > 2 * this.options.timeoutMs) this.inFlight = null;
+    if (!this.inFlight) {
+      this.inFlightSince = startedAt;
+      const query = this.query();
+      this.inFlight = query;
+      void query.finally(() => {
+        if (this.inFlight === query) this.inFlight = null;
+      });
+    }
     const inFlight = this.inFlight;
     let timer: NodeJS.Timeout | undefined;
     const timedOut = new Promise<QueueHealthReading>((resolve) => {
@@ -330,8 +340,6 @@ export class QueueHealthReader {
         error: error instanceof Error ? error.message : String(error),
         queues: [],
       };
-    } finally {
-      this.inFlight = null;
     }
   }
 }

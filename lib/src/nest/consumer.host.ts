@@ -30,6 +30,11 @@ export class SqlQueueConsumerHost implements OnApplicationBootstrap, BeforeAppli
 
   async onApplicationBootstrap(): Promise<void> {
     const { options } = this.runtime;
+    if (this.explorer.countRuntimes(SQL_QUEUE_RUNTIME) > 1) {
+      throw new SqlQueueConfigError(
+        'SqlQueueModule.forRoot() is imported more than once in this application: import it once (isGlobal: true, or from one shared module). Handlers are discovered application-wide, so each instance would run every handler; several queue databases in one application are not supported yet',
+      );
+    }
     const handlers = this.explorer.discover();
     const consumer = new SqlQueueConsumer({
       store: this.runtime.store,
@@ -75,6 +80,7 @@ export class SqlQueueConsumerHost implements OnApplicationBootstrap, BeforeAppli
     return this.consumer?.snapshot() ?? { running: false, startedAt: null, queues: [] };
   }
 
+  /** False when `consumer.enabled` is off: this process only produces. */
   get enabled(): boolean {
     return this.runtime.options.consumer.enabled;
   }

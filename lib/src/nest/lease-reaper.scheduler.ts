@@ -10,6 +10,7 @@ import { SchedulerRegistry } from '@nestjs/schedule';
 import { SqlQueueConfigError } from '../core/errors.js';
 import { ThrottledErrorLog } from '../core/logger.js';
 import { cleanupFinishedJobs, reapExpiredLeases } from '../core/maintenance.js';
+import { settleWithin } from '../core/timeout.js';
 import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
 import type { SqlQueueRuntime } from './sql-queue.runtime.js';
 
@@ -83,6 +84,11 @@ export class LeaseReaperScheduler implements OnApplicationBootstrap, BeforeAppli
         });
       this.inFlight.add(run);
     };
+    if (this.registry!.doesExist('interval', name)) {
+      throw new SqlQueueConfigError(
+        `an interval named '${name}' is already registered: SqlQueueModule for schema '${this.runtime.options.schema}' is imported more than once`,
+      );
+    }
     const handle = setInterval(tick, intervalMs);
     handle.unref();
     this.registry!.addInterval(name, handle);
@@ -95,6 +101,9 @@ export class LeaseReaperScheduler implements OnApplicationBootstrap, BeforeAppli
     for (const name of this.names.splice(0)) {
       if (this.registry?.doesExist('interval', name)) this.registry.deleteInterval(name);
     }
-    await Promise.all([...this.inFlight]);
+    // Bounded: a run stuck on a dead connection must not hold shutdown.
+    if (!(await settleWithin(Promise.all([...this.inFlight]), 10_000))) {
+      this.logger.warn('a reaper or retention run was still in flight at shutdown');
+    }
   }
 }

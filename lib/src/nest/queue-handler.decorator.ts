@@ -15,7 +15,10 @@ export interface QueueJobHandler<T = unknown> {
   handle(payload: T, context: JobContext): Promise<void>;
 }
 
-/** Discoverable marker; the explorer finds providers carrying it. */
+/**
+ * The discoverable metadata `@QueueHandler` sets; the explorer finds providers carrying it.
+ * Exported for tooling that lists handlers; applications use `@QueueHandler`.
+ */
 export const QueueHandlerMarker = DiscoveryService.createDecorator<QueueHandlerMetadata>();
 
 /**

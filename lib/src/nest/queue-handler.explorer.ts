@@ -29,12 +29,22 @@ export class QueueHandlerExplorer {
       const existing = byQueue.get(handler.queue);
       if (existing && existing.instance !== handler.instance) {
         throw new SqlQueueConfigError(
-          `queue '${handler.queue}' has two handlers, ${existing.className} and ${handler.className}: one queue has one handler (route by payload inside it, or use two queues)`,
+          existing.className === handler.className
+            ? `queue '${handler.queue}' has two handlers: ${handler.className} is provided in two modules; provide it in one`
+            : `queue '${handler.queue}' has two handlers, ${existing.className} and ${handler.className}: one queue has one handler (route by payload inside it, or use two queues)`,
         );
       }
       byQueue.set(handler.queue, handler);
     }
     return [...byQueue.values()];
+  }
+
+  /**
+   * How many SqlQueueModule runtimes the application holds. Handlers are discovered
+   * application-wide, so a second forRoot() would run every handler twice.
+   */
+  countRuntimes(token: symbol): number {
+    return this.discovery.getProviders().filter((wrapper) => wrapper.token === token).length;
   }
 
   private check(wrapper: InstanceWrapper, queue: string, options: QueueHandlerOptions): DiscoveredHandler {

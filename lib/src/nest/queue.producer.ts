@@ -30,6 +30,7 @@ export class QueueProducer {
     return this.runtime.producer.enqueueMany(queue, items, options);
   }
 
+  /** One job by id (a decimal string), or null if it does not exist (or was cleaned up). */
   getJob(jobId: JobId): Promise<JobRecord | null> {
     return this.runtime.producer.getJob(jobId);
   }
@@ -39,6 +40,7 @@ export class QueueProducer {
     return this.runtime.producer.getAttempts(jobId);
   }
 
+  /** Live figures of one queue: ready, delayed, leased, expired leases, dead, retrying, oldest ready age. */
   stats(queue: string): Promise<QueueStats> {
     return this.runtime.producer.stats(queue);
   }

@@ -34,8 +34,11 @@ export interface SqlQueueModuleOptions {
   migrations?: MigrationMode;
   /** Per-queue defaults; `@QueueHandler` options override them. */
   queues?: Record<string, QueueOptions>;
+  /** Whether and how this process runs handlers: polling, activation, shutdown. */
   consumer?: ConsumerOptions;
+  /** The lease reaper: interval and batch size (it runs on every instance, safely). */
   reaper?: ReaperOptions;
+  /** Deletion of old finished jobs, keeping idempotency keys for their window. */
   retention?: RetentionOptions;
   /** Largest payload accepted, in bytes of JSON (default 1 MiB). */
   maxPayloadBytes?: number;
@@ -94,6 +97,11 @@ export function resolveModuleOptions(raw: SqlQueueModuleOptions): ResolvedModule
   const wakeups = raw.wakeups ?? {};
   if (typeof wakeups !== 'object' || wakeups === null) {
     throw new SqlQueueConfigError(`wakeups must be an object, got ${describe(wakeups)}`);
+  }
+  for (const key of Object.keys(wakeups)) {
+    if (key !== 'enabled' && key !== 'intervalMs') {
+      throw new SqlQueueConfigError(`wakeups: unknown option '${key}' (known: enabled, intervalMs)`);
+    }
   }
   if (raw.listeners !== undefined && !Array.isArray(raw.listeners)) {
     throw new SqlQueueConfigError('listeners must be an array of event listener objects');

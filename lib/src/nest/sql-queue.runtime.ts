@@ -47,9 +47,13 @@ export class SqlQueueRuntime {
     this.options.listeners.push(listener);
   }
 
+  /**
+   * Same precedence as the consumer: handler over module over default. A producer-only process
+   * cannot see handler options, so a value all processes must agree on belongs in `queues`.
+   */
   private maxAttemptsFor(queue: string): number {
     return (
-      this.options.queues[queue]?.maxAttempts ?? this.handlerOptions.get(queue)?.maxAttempts ?? DEFAULT_MAX_ATTEMPTS
+      this.handlerOptions.get(queue)?.maxAttempts ?? this.options.queues[queue]?.maxAttempts ?? DEFAULT_MAX_ATTEMPTS
     );
   }
 

@@ -201,6 +201,10 @@ export async function openSampleDatabase(config: SampleConfig): Promise<SampleDa
       max: config.poolSize,
       connectionTimeoutMillis: 5_000,
       application_name: 'nestjs-sql-queue sample',
+      // The queue shares this pool: a silently dead connection must fail, not hang a claim.
+      keepAlive: true,
+      keepAliveInitialDelayMillis: 10_000,
+      query_timeout: 30_000,
     });
     // An idle connection that drops emits 'error' on the pool; unhandled, it would end the process.
     pool.on('error', (error) => logger.warn(`idle database connection failed: ${error.message}`));

@@ -5,7 +5,7 @@ import { assessConsumerLiveness, defaultStalledAfterMs } from '../../core/consum
 import { SqlQueueConfigError } from '../../core/errors.js';
 import { resolveQueueOptions } from '../../core/options.js';
 import type { QueueStats } from '../../core/types.js';
-import { withTimeout } from '../../store/store.util.js';
+import { withTimeout } from '../../core/timeout.js';
 import { SqlQueueConsumerHost } from '../consumer.host.js';
 import type { SqlQueueRuntime } from '../sql-queue.runtime.js';
 import { SQL_QUEUE_RUNTIME } from '../sql-queue.tokens.js';

@@ -1,4 +1,4 @@
-import { Inject, Injectable, type OnModuleDestroy, type OnModuleInit } from '@nestjs/common';
+import { Inject, Injectable, type OnApplicationShutdown, type OnModuleInit } from '@nestjs/common';
 import { ModuleRef } from '@nestjs/core';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { SqlQueueConfigError } from '../../core/errors.js';
@@ -25,7 +25,7 @@ const NAME_PREFIX = /^[a-zA-Z_:][a-zA-Z0-9_:]*$/;
  * `exporter.registry`) and removed from it when the application closes.
  */
 @Injectable()
-export class SqlQueuePrometheusExporter implements OnModuleInit, OnModuleDestroy {
+export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationShutdown {
   /** The registry holding the queue's metrics; merge it with yours or serve `metrics()`. */
   readonly registry: Registry;
   private readonly prefix: string;
@@ -71,15 +71,24 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnModuleDestroy
     this.registerProcessMetrics(metrics);
   }
 
-  /** Removes the metrics from the registry, so a registry shared across app instances stays usable. */
-  onModuleDestroy(): void {
+  /**
+   * Removes the metrics from the registry, so a registry shared across app instances stays
+   * usable. At application shutdown, after the consumer drained, so its last completions count.
+   */
+  onApplicationShutdown(): void {
     // The engine's listener list cannot shrink; a closed exporter just ignores later events.
     this.closed = true;
     for (const name of this.names.splice(0)) this.registry.removeSingleMetric(name);
   }
 
+  /** Claims a metric name, refusing one the registry already holds (recorded only if ours). */
   private name(suffix: string): string {
     const name = `${this.prefix}${suffix}`;
+    if (this.registry.getSingleMetric(name)) {
+      throw new SqlQueueConfigError(
+        `the Prometheus registry already has a metric named '${name}': give each SqlQueuePrometheusModule its own registry or prefix`,
+      );
+    }
     this.names.push(name);
     return name;
   }

@@ -25,7 +25,7 @@ import type {
   ReapedJob,
 } from '../../core/types.js';
 import { assertSchemaName } from '../../core/validation.js';
-import { withTimeout } from '../store.util.js';
+import { withTimeout } from '../../core/timeout.js';
 import { isLockConflict, isTransientMssqlError } from './mssql.errors.js';
 import { assertMssqlSchemaName } from './mssql.identifiers.js';
 import {

@@ -6,7 +6,7 @@ import { PostgresQueueStore } from './postgres.store.js';
 
 export type PostgresConnection =
   /** A connection string; the store opens and closes its own pool. */
-  | { url: string; poolSize?: number; applicationName?: string }
+  | { url: string; poolSize?: number; applicationName?: string; queryTimeoutMs?: number }
   /** The application's pool: shared, never closed by the store. */
   | { pool: pg.Pool }
   /** Embedded PostgreSQL (for zero-setup apps and tests); closed by the store only if `ownsDb`. */
@@ -45,6 +45,12 @@ function createPgDriver(connection: PostgresConnection, onBackgroundError: (erro
     max: connection.poolSize ?? 10,
     application_name: connection.applicationName ?? 'nestjs-sql-queue',
     connectionTimeoutMillis: 10_000,
+    // A connection that silently died (half-open TCP after a network cut) must fail rather than
+    // hang a claim forever: keepalives detect the dead peer, and the read timeout fails the
+    // statement, after which the pool discards the connection.
+    keepAlive: true,
+    keepAliveInitialDelayMillis: 10_000,
+    query_timeout: connection.queryTimeoutMs ?? 60_000,
   });
   // An idle client that loses its connection emits 'error' on the pool; without a listener
   // Node would crash the process. The next query simply opens a new connection.

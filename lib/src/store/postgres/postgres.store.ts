@@ -24,7 +24,7 @@ import type {
   ReapedJob,
 } from '../../core/types.js';
 import { assertSchemaName } from '../../core/validation.js';
-import { withTimeout } from '../store.util.js';
+import { withTimeout } from '../../core/timeout.js';
 import { asCallerTransaction, type PgDriver, type PgQueryable } from './postgres.driver.js';
 import { isTransientPgError } from './postgres.errors.js';
 import { PG_LATEST_VERSION, PG_MIGRATIONS, pgBootstrap, pgMigrationLockKey } from './postgres.migrations.js';
