@@ -1,0 +1,67 @@
+import { afterAll, expect, it } from 'vitest';
+import { systemClock } from '../../lib/src/core/clock.js';
+import { SqlQueueConsumer } from '../../lib/src/core/consumer.js';
+import { silentLogger } from '../../lib/src/core/logger.js';
+import { resolveConsumerOptions, resolveQueueOptions } from '../../lib/src/core/options.js';
+import { QueueProducerCore } from '../../lib/src/core/producer.js';
+import { RemoteWaker, WakeBus } from '../../lib/src/core/wake.js';
+import { createPostgresStore } from '../../lib/src/store/postgres/postgres.connect.js';
+import { dropPgSchema, PG_URL, uniqueSchema } from '../helpers/databases.js';
+import { waitFor } from '../helpers/wait-for.js';
+
+const schema = uniqueSchema('wakeups');
+afterAll(() => dropPgSchema(schema));
+
+it('a producer on other connections wakes an idle consumer through LISTEN/NOTIFY, long before its next poll', async () => {
+  // Consumer and producer share nothing but the database, as two processes would.
+  const consumerStore = createPostgresStore({ url: PG_URL, poolSize: 3 }, { schema });
+  const producerStore = createPostgresStore({ url: PG_URL, poolSize: 3 }, { schema });
+  await consumerStore.migrate('auto');
+  const handledAt: number[] = [];
+  const consumerOptions = resolveConsumerOptions({});
+  const consumer = new SqlQueueConsumer({
+    store: consumerStore,
+    clock: systemClock,
+    logger: silentLogger,
+    listeners: [],
+    wakeBus: new WakeBus(),
+    workerId: 'listener',
+    activationIntervalMs: 1_000,
+    activationQuietMs: 2_000,
+  });
+  // Polling alone would find a job only after up to 20 s.
+  consumer.register(
+    resolveQueueOptions(
+      'woken',
+      { handler: { minReaders: 1, maxReaders: 1, minPollMs: 20_000, maxPollMs: 20_000 } },
+      consumerOptions,
+    ),
+    async () => void handledAt.push(Date.now()),
+  );
+  const waker = new RemoteWaker(producerStore, 5, silentLogger);
+  const producer = new QueueProducerCore(
+    producerStore,
+    { maxPayloadBytes: 1024, maxAttemptsFor: () => 3 },
+    new WakeBus(),
+    waker,
+  );
+  try {
+    await consumer.start();
+    // Let the reader make its first (empty) claim and start its long pause.
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    for (let round = 0; round < 3; round++) {
+      const sentAt = Date.now();
+      await producer.enqueue('woken', { round });
+      await waitFor(
+        () => handledAt.length,
+        (n) => n > round,
+        { timeoutMs: 5_000, what: `job ${round} to run` },
+      );
+      expect(handledAt[round]! - sentAt).toBeLessThan(1_000);
+    }
+  } finally {
+    waker.close();
+    await consumer.stop(1_000);
+    await Promise.all([consumerStore.close(), producerStore.close()]);
+  }
+});
