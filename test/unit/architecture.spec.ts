@@ -100,6 +100,22 @@ describe('layering: dependency arrows point down only', () => {
     expect(seen.size).toBeGreaterThan(10);
   });
 
+  it('the PGlite path loads no `pg`: embedded PostgreSQL needs only @electric-sql/pglite', () => {
+    const byPath = new Map(files.map((f) => [relative(LIB, f.file), f]));
+    const seen = new Set<string>();
+    const visit = (path: string): string[] => {
+      if (seen.has(path)) return [];
+      seen.add(path);
+      const f = byPath.get(path);
+      if (!f) return [];
+      return importsOf(f.file).flatMap((spec) =>
+        spec.startsWith('.') ? visit(relative(LIB, join(f.file, '..', spec)).replace(/\.js$/, '.ts')) : [spec],
+      );
+    };
+    const externals = [...visit('store/postgres/postgres.store.ts'), ...visit('store/postgres/postgres.driver.ts')];
+    expect(externals).not.toContain('pg');
+  });
+
   it('relative imports are ESM-clean (end in .js)', () => {
     for (const f of files) {
       for (const spec of importsOf(f.file).filter((s) => s.startsWith('.'))) {

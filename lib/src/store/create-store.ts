@@ -33,14 +33,19 @@ export async function createQueueStore(
   }
   const dialect = dialectOf(connection);
   if (dialect === 'postgres') {
-    const { createPostgresStore } = await loadDriver('pg', () => import('./postgres/postgres.connect.js'));
-    if ('pool' in connection) return createPostgresStore({ pool: connection.pool as pg.Pool }, options);
     if ('pglite' in connection) {
       if (!connection.pglite || typeof (connection.pglite as { query?: unknown }).query !== 'function') {
         throw new SqlQueueConfigError('connection.pglite must be a PGlite instance');
       }
-      return createPostgresStore({ pglite: connection.pglite, ownsDb: false }, options);
+      // Embedded PostgreSQL needs no `pg` package: load only the store and the PGlite driver.
+      const [{ PostgresQueueStore }, { PGliteDriver }] = await Promise.all([
+        import('./postgres/postgres.store.js'),
+        import('./postgres/postgres.driver.js'),
+      ]);
+      return new PostgresQueueStore(new PGliteDriver(connection.pglite, false), options.schema);
     }
+    const { createPostgresStore } = await loadDriver('pg', () => import('./postgres/postgres.connect.js'));
+    if ('pool' in connection) return createPostgresStore({ pool: connection.pool as pg.Pool }, options);
     if ('url' in connection)
       return createPostgresStore({ url: connection.url, poolSize: connection.poolSize }, options);
     throw new SqlQueueConfigError("a postgres connection needs 'url', 'pool' or 'pglite'");

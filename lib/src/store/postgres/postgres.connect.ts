@@ -1,7 +1,8 @@
 import type { PGlite } from '@electric-sql/pglite';
 import pg from 'pg';
 import { SqlQueueConfigError } from '../../core/errors.js';
-import { NodePgDriver, PGliteDriver, type PgDriver } from './postgres.driver.js';
+import { PGliteDriver, type PgDriver } from './postgres.driver.js';
+import { NodePgDriver } from './postgres.node-pg.js';
 import { PostgresQueueStore } from './postgres.store.js';
 
 export type PostgresConnection =
