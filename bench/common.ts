@@ -11,6 +11,7 @@ import type { QueueStore } from '../lib/src/core/queue-store.js';
 import { WakeBus } from '../lib/src/core/wake.js';
 import { createQueueStore } from '../lib/src/store/create-store.js';
 import { mssqlConfigFromUrl } from '../lib/src/store/mssql/mssql.connect.js';
+import { mssqlDropSchema } from '../lib/src/store/mssql/mssql.migrations.js';
 
 export const PG_URL = process.env.SQLQUEUE_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 
@@ -56,17 +57,7 @@ export async function dropSchema(target: Target | string, schema: string): Promi
   }
   const pool = await new mssql.ConnectionPool(mssqlConfigFromUrl(url, 2)).connect();
   try {
-    // Tables (Attempts first: it references Jobs), then the sequence, the table types, the schema.
-    await pool.request().input('schema', mssql.NVarChar(128), schema).batch(`
-DECLARE @statement nvarchar(max) = N'';
-SELECT @statement += N'DROP TABLE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(name) + N'; '
-FROM sys.tables WHERE schema_id = SCHEMA_ID(@schema) ORDER BY CASE name WHEN N'Attempts' THEN 0 ELSE 1 END;
-SELECT @statement += N'DROP SEQUENCE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(name) + N'; '
-FROM sys.sequences WHERE schema_id = SCHEMA_ID(@schema);
-SELECT @statement += N'DROP TYPE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(name) + N'; '
-FROM sys.types WHERE is_user_defined = 1 AND schema_id = SCHEMA_ID(@schema);
-IF SCHEMA_ID(@schema) IS NOT NULL SET @statement += N'DROP SCHEMA ' + QUOTENAME(@schema) + N';';
-EXEC sys.sp_executesql @statement;`);
+    await pool.request().input('schema', mssql.NVarChar(128), schema).batch(mssqlDropSchema());
   } finally {
     await pool.close();
   }

@@ -1,6 +1,7 @@
 import sql from 'mssql';
 import { describe, it } from 'vitest';
 import { createMssqlStore, mssqlConfigFromUrl } from '../../lib/src/store/mssql/mssql.connect.js';
+import { mssqlDropSchema } from '../../lib/src/store/mssql/mssql.migrations.js';
 import { MSSQL_URL } from '../helpers/databases.js';
 import { describeStoreContract } from './store-contract.js';
 
@@ -8,16 +9,7 @@ import { describeStoreContract } from './store-contract.js';
 async function dropMssqlSchema(schema: string): Promise<void> {
   const pool = await new sql.ConnectionPool(mssqlConfigFromUrl(MSSQL_URL, 2)).connect();
   try {
-    await pool.request().input('schema', sql.NVarChar(128), schema).batch(`
-DECLARE @statement nvarchar(max) = N'';
-SELECT @statement += N'DROP TABLE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(name) + N'; '
-FROM sys.tables WHERE schema_id = SCHEMA_ID(@schema) ORDER BY CASE name WHEN N'Attempts' THEN 0 ELSE 1 END;
-SELECT @statement += N'DROP SEQUENCE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(name) + N'; '
-FROM sys.sequences WHERE schema_id = SCHEMA_ID(@schema);
-SELECT @statement += N'DROP TYPE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(name) + N'; '
-FROM sys.types WHERE is_user_defined = 1 AND schema_id = SCHEMA_ID(@schema);
-IF SCHEMA_ID(@schema) IS NOT NULL SET @statement += N'DROP SCHEMA ' + QUOTENAME(@schema) + N';';
-EXEC sys.sp_executesql @statement;`);
+    await pool.request().input('schema', sql.NVarChar(128), schema).batch(mssqlDropSchema());
   } finally {
     await pool.close();
   }

@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import {
   MSSQL_MIGRATIONS,
   mssqlBootstrap,
+  mssqlDropSchema,
   mssqlInstallScript,
   mssqlMigrationLock,
   mssqlReadVersion,
@@ -23,6 +24,7 @@ function everyBatch(schema: string): [string, string][] {
   batches.push(['migration lock', mssqlMigrationLock()]);
   batches.push(['read version', mssqlReadVersion(schema)]);
   batches.push(['record version', mssqlRecordVersion(schema)]);
+  batches.push(['drop schema', mssqlDropSchema()]);
   mssqlInstallScript(schema)
     .split(/^GO$/m)
     .forEach((text, i) => batches.push([`install script batch ${i}`, text]));

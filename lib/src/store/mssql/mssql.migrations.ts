@@ -178,6 +178,22 @@ export function mssqlRecordVersion(schema: string): string {
 }
 
 /**
+ * Drops everything the migrations create in schema @schema (a parameter), then the schema:
+ * for uninstalling, and for tests and benchmarks that each work in a schema of their own.
+ */
+export function mssqlDropSchema(): string {
+  return `DECLARE @statement nvarchar(max) = N'';
+SELECT @statement += N'DROP TABLE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(name) + N'; '
+FROM sys.tables WHERE schema_id = SCHEMA_ID(@schema) ORDER BY CASE name WHEN N'Attempts' THEN 0 ELSE 1 END;
+SELECT @statement += N'DROP SEQUENCE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(name) + N'; '
+FROM sys.sequences WHERE schema_id = SCHEMA_ID(@schema);
+SELECT @statement += N'DROP TYPE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(name) + N'; '
+FROM sys.types WHERE is_user_defined = 1 AND schema_id = SCHEMA_ID(@schema);
+IF SCHEMA_ID(@schema) IS NOT NULL SET @statement += N'DROP SCHEMA ' + QUOTENAME(@schema) + N';';
+EXEC sys.sp_executesql @statement;`;
+}
+
+/**
  * The install/upgrade script a DBA can review and run with sqlcmd or SSMS (GO separates
  * batches). It sets the session options filtered indexes need, and after every batch it
  * checks that the transaction is still open: if a batch failed (XACT_ABORT rolled back), the
