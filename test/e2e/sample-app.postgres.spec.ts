@@ -1,6 +1,5 @@
-import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { dropPgSchema, PG_URL, uniqueSchema } from '../helpers/databases.js';
+import { dropPgSchema, PG_URL, sql, uniqueSchema } from '../helpers/databases.js';
 import { parsePrometheusText, sampleValue } from '../helpers/prometheus-text.js';
 import { startSampleApp, type RunningSampleApp } from '../helpers/sample-app.js';
 import { TcpProxy } from '../helpers/tcp-proxy.js';
@@ -15,14 +14,9 @@ const appSchema = uniqueSchema('e2eapp');
 let proxy: TcpProxy;
 let sample: RunningSampleApp;
 
-async function sql<R extends Record<string, unknown>>(text: string, params: unknown[] = []): Promise<R[]> {
-  const client = new pg.Client({ connectionString: PG_URL });
-  await client.connect();
-  try {
-    return (await client.query(text, params)).rows as R[];
-  } finally {
-    await client.end();
-  }
+/** A statement on the test database, seen from outside the application. */
+function query<R extends Record<string, unknown>>(text: string, params: unknown[] = []): Promise<R[]> {
+  return sql<R>(PG_URL, text, params);
 }
 
 async function json<T>(response: Response, status: number): Promise<T> {
@@ -72,7 +66,7 @@ describe('sample app over HTTP (PostgreSQL)', () => {
     );
     expect(posted.created).toBe(true);
     await waitFor(sentKeys, (keys) => keys.includes(`job:${posted.jobId}`), { what: 'the email to be sent' });
-    const job = await sql<{ state: string }>(`SELECT state FROM "${queueSchema}".jobs WHERE id = $1`, [posted.jobId]);
+    const job = await query<{ state: string }>(`SELECT state FROM "${queueSchema}".jobs WHERE id = $1`, [posted.jobId]);
     expect(job[0]?.state).toBe('done');
 
     // A delayed email waits: the stats show it as delayed, not ready.
@@ -127,11 +121,11 @@ describe('sample app over HTTP (PostgreSQL)', () => {
       202,
     );
     expect(third).toEqual({ jobId: first.jobId, created: false });
-    const jobs = await sql<{ n: number }>(
+    const jobs = await query<{ n: number }>(
       `SELECT count(*)::int AS n FROM "${queueSchema}".jobs WHERE queue = 'emails' AND idempotency_key = $1`,
       [key],
     );
-    const effects = await sql<{ n: number }>(
+    const effects = await query<{ n: number }>(
       `SELECT count(*)::int AS n FROM "${appSchema}".sent_emails WHERE idempotency_key = $1`,
       [key],
     );
@@ -146,7 +140,7 @@ describe('sample app over HTTP (PostgreSQL)', () => {
     );
     await waitFor(sentKeys, (keys) => keys.includes(`welcome:${created.signupId}`), { what: 'the welcome email' });
     const countJobs = async () =>
-      (await sql<{ n: number }>(`SELECT count(*)::int AS n FROM "${queueSchema}".jobs WHERE queue = 'emails'`))[0]!.n;
+      (await query<{ n: number }>(`SELECT count(*)::int AS n FROM "${queueSchema}".jobs WHERE queue = 'emails'`))[0]!.n;
     const before = await countJobs();
     const duplicate = await sample.request('/signups', { body: { email, name: 'Dee again' } });
     expect(duplicate.status).toBe(409);

@@ -12,12 +12,17 @@ export function uniqueSchema(prefix: string): string {
   return `t_${prefix}_${randomBytes(4).toString('hex')}`;
 }
 
-export async function dropPgSchema(schema: string, url = PG_URL): Promise<void> {
+/** One statement on a connection of its own (a test's view of the database, not the library's). */
+export async function sql<R extends Record<string, unknown>>(url: string, text: string, params: unknown[] = []) {
   const client = new pg.Client({ connectionString: url });
   await client.connect();
   try {
-    await client.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+    return (await client.query<R>(text, params)).rows;
   } finally {
     await client.end();
   }
+}
+
+export async function dropPgSchema(schema: string, url = PG_URL): Promise<void> {
+  await sql(url, `DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
 }

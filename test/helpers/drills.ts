@@ -1,4 +1,4 @@
-import pg from 'pg';
+import { sql } from './databases.js';
 import type { QueueStore } from '../../lib/src/core/queue-store.js';
 import { prepareJob } from '../../lib/src/core/validation.js';
 
@@ -10,17 +10,6 @@ export async function enqueueKeys(store: QueueStore, queue: string, keys: readon
     ),
   );
   return results.map((r) => r.jobId);
-}
-
-/** Runs one statement on a short-lived connection (the store's pool is the system under test). */
-export async function sql<R extends Record<string, unknown>>(url: string, text: string, params: unknown[] = []) {
-  const client = new pg.Client({ connectionString: url });
-  await client.connect();
-  try {
-    return (await client.query<R>(text, params)).rows;
-  } finally {
-    await client.end();
-  }
 }
 
 /** What the idempotent receiver saw, over every job of a schema (see test/workers/nest-worker.ts). */

@@ -1,4 +1,5 @@
 import net from 'node:net';
+import { listenOnFreePort, urlThrough } from './tcp-proxy.js';
 import { deferred } from './wait-for.js';
 
 /**
@@ -115,10 +116,7 @@ export class PgProxy {
     const parsed = new URL(url);
     const server = net.createServer();
     const proxy = new PgProxy(server, { host: parsed.hostname, port: Number(parsed.port || 5432) });
-    await new Promise<void>((resolve, reject) => {
-      server.once('error', reject);
-      server.listen(0, '127.0.0.1', () => resolve());
-    });
+    await listenOnFreePort(server);
     return proxy;
   }
 
@@ -128,10 +126,7 @@ export class PgProxy {
 
   /** `url` with its host and port pointing at this proxy. */
   urlFor(url: string): string {
-    const parsed = new URL(url);
-    parsed.hostname = '127.0.0.1';
-    parsed.port = String(this.port);
-    return parsed.toString();
+    return urlThrough(url, this.port);
   }
 
   /** Executions of statements whose name ends with `suffix` (e.g. '_claim'), optionally in a window. */

@@ -9,6 +9,22 @@ import net from 'node:net';
  *   its waits.
  * `restore()` closes whatever the cut left hanging and lets new connections through again.
  */
+/** Listens on a free port of 127.0.0.1. */
+export function listenOnFreePort(server: net.Server): Promise<void> {
+  return new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => resolve());
+  });
+}
+
+/** A database URL with its host and port replaced by a local proxy's. */
+export function urlThrough(url: string, port: number): string {
+  const parsed = new URL(url);
+  parsed.hostname = '127.0.0.1';
+  parsed.port = String(port);
+  return parsed.toString();
+}
+
 export class TcpProxy {
   private readonly pairs = new Set<{ client: net.Socket; upstream: net.Socket | null }>();
   private mode: 'open' | 'reset' | 'blackhole' = 'open';
@@ -24,10 +40,7 @@ export class TcpProxy {
   static async start(target: { host: string; port: number }): Promise<TcpProxy> {
     const server = net.createServer();
     const proxy = new TcpProxy(server, target);
-    await new Promise<void>((resolve, reject) => {
-      server.once('error', reject);
-      server.listen(0, '127.0.0.1', () => resolve());
-    });
+    await listenOnFreePort(server);
     return proxy;
   }
 
@@ -43,10 +56,7 @@ export class TcpProxy {
 
   /** `url` with its host and port pointing at this proxy. */
   urlFor(url: string): string {
-    const parsed = new URL(url);
-    parsed.hostname = '127.0.0.1';
-    parsed.port = String(this.port);
-    return parsed.toString();
+    return urlThrough(url, this.port);
   }
 
   get connections(): number {

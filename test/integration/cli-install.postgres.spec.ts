@@ -1,9 +1,8 @@
-import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
 import { runCli } from '../../lib/src/cli.js';
 import { createPostgresStore } from '../../lib/src/store/postgres/postgres.connect.js';
 import { PG_LATEST_VERSION } from '../../lib/src/store/postgres/postgres.migrations.js';
-import { dropPgSchema, PG_URL, uniqueSchema } from '../helpers/databases.js';
+import { dropPgSchema, PG_URL, sql, uniqueSchema } from '../helpers/databases.js';
 
 /** What a DBA does: print the script with the CLI, then run it as one text (as psql -f would). */
 async function printScript(...argv: string[]): Promise<string> {
@@ -15,27 +14,16 @@ async function printScript(...argv: string[]): Promise<string> {
 }
 
 async function runScript(script: string): Promise<void> {
-  const client = new pg.Client({ connectionString: PG_URL });
-  await client.connect();
-  try {
-    // No parameters: the simple query protocol runs the whole multi-statement script.
-    await client.query(script);
-  } finally {
-    await client.end();
-  }
+  // No parameters: the simple query protocol runs the whole multi-statement script.
+  await sql(PG_URL, script);
 }
 
 async function recordedVersions(schema: string): Promise<number[]> {
-  const client = new pg.Client({ connectionString: PG_URL });
-  await client.connect();
-  try {
-    const result = await client.query<{ version: number }>(
-      `SELECT version FROM "${schema}".schema_version ORDER BY version`,
-    );
-    return result.rows.map((row) => row.version);
-  } finally {
-    await client.end();
-  }
+  const rows = await sql<{ version: number }>(
+    PG_URL,
+    `SELECT version FROM "${schema}".schema_version ORDER BY version`,
+  );
+  return rows.map((row) => row.version);
 }
 
 describe('the printed PostgreSQL script installs a schema the store accepts', () => {

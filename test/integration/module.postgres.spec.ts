@@ -14,7 +14,7 @@ import {
   type QueueEventListener,
   type SqlQueueModuleOptions,
 } from '../../lib/src/index.js';
-import { dropPgSchema, PG_URL, uniqueSchema } from '../helpers/databases.js';
+import { dropPgSchema, PG_URL, sql, uniqueSchema } from '../helpers/databases.js';
 import { createQueueApp } from '../helpers/queue-app.js';
 import { deferred, waitFor } from '../helpers/wait-for.js';
 
@@ -28,14 +28,9 @@ async function boot(options: Parameters<typeof createQueueApp>[0]) {
   return created;
 }
 
-async function sql<R extends Record<string, unknown>>(text: string, params: unknown[] = []): Promise<R[]> {
-  const client = new pg.Client({ connectionString: PG_URL });
-  await client.connect();
-  try {
-    return (await client.query(text, params)).rows as R[];
-  } finally {
-    await client.end();
-  }
+/** A statement on the test database, seen from outside the application. */
+function query<R extends Record<string, unknown>>(text: string, params: unknown[] = []): Promise<R[]> {
+  return sql<R>(PG_URL, text, params);
 }
 
 afterEach(async () => {
@@ -305,7 +300,7 @@ describe('SqlQueueModule: running jobs', () => {
       { what: 'all acked' },
     );
     expect([...runs.values()].every((count) => count === 1)).toBe(true);
-    const [done] = await sql<{ n: number }>(
+    const [done] = await query<{ n: number }>(
       `SELECT count(*)::int AS n FROM "${schema}".jobs WHERE queue = 'many' AND state = 'done'`,
     );
     expect(done!.n).toBe(1000);
@@ -393,7 +388,7 @@ describe('SqlQueueModule: running jobs', () => {
     await started.promise;
     // Another worker takes the job over: its lease is expired and it is claimed with a new token.
     const thiefToken = '00000000-0000-4000-8000-000000000001';
-    await sql(
+    await query(
       `UPDATE "${schema}".jobs SET claim_token = $2, worker_id = 'thief', lease_until = now() + interval '1 hour' WHERE id = $1`,
       [jobId, thiefToken],
     );
@@ -468,7 +463,7 @@ describe('SqlQueueModule: running jobs', () => {
     await app.close();
     apps.splice(apps.indexOf(app), 1);
     expect(finished.length).toBe(runningAtClose);
-    const rows = await sql<{ state: string; n: number; attempts_sum: number }>(
+    const rows = await query<{ state: string; n: number; attempts_sum: number }>(
       `SELECT state, count(*)::int AS n, sum(attempts)::int AS attempts_sum FROM "${schema}".jobs WHERE queue = 'drain' GROUP BY state ORDER BY state`,
     );
     const byState = Object.fromEntries(rows.map((r) => [r.state, r]));
@@ -513,7 +508,7 @@ describe('SqlQueueModule: running jobs', () => {
     await app.close();
     apps.splice(apps.indexOf(app), 1);
     expect(reason).toBeInstanceOf(SqlQueueShutdownError);
-    const [row] = await sql<{ state: string; attempts: number }>(
+    const [row] = await query<{ state: string; attempts: number }>(
       `SELECT state, attempts FROM "${schema}".jobs WHERE id = $1`,
       [jobId],
     );

@@ -1,6 +1,6 @@
 import pg from 'pg';
 import { createPostgresStore } from '../../lib/src/store/postgres/postgres.connect.js';
-import { dropPgSchema, PG_URL } from '../helpers/databases.js';
+import { dropPgSchema, PG_URL, sql } from '../helpers/databases.js';
 import { describeStoreContract } from './store-contract.js';
 
 describeStoreContract({
@@ -25,15 +25,8 @@ describeStoreContract({
   },
   dropSchema: (schema) => dropPgSchema(schema),
   async bumpSchemaVersion(schema, version) {
-    const client = new pg.Client({ connectionString: PG_URL });
-    await client.connect();
-    try {
-      await client.query(
-        `INSERT INTO "${schema}".schema_version (version, description) VALUES ($1, 'from the future')`,
-        [version],
-      );
-    } finally {
-      await client.end();
-    }
+    await sql(PG_URL, `INSERT INTO "${schema}".schema_version (version, description) VALUES ($1, 'from the future')`, [
+      version,
+    ]);
   },
 });

@@ -18,12 +18,13 @@ it('a producer on other connections wakes an idle consumer through LISTEN/NOTIFY
   const producerStore = createPostgresStore({ url: PG_URL, poolSize: 3 }, { schema });
   await consumerStore.migrate('auto');
   const handledAt: number[] = [];
+  let emptyClaims = 0;
   const consumerOptions = resolveConsumerOptions({});
   const consumer = new SqlQueueConsumer({
     store: consumerStore,
     clock: systemClock,
     logger: silentLogger,
-    listeners: [],
+    listeners: [{ emptyClaim: () => emptyClaims++ }],
     wakeBus: new WakeBus(),
     workerId: 'listener',
     activationIntervalMs: 1_000,
@@ -47,8 +48,12 @@ it('a producer on other connections wakes an idle consumer through LISTEN/NOTIFY
   );
   try {
     await consumer.start();
-    // Let the reader make its first (empty) claim and start its long pause.
-    await new Promise((resolve) => setTimeout(resolve, 300));
+    // The reader's first claim comes back empty and starts its long pause.
+    await waitFor(
+      () => emptyClaims,
+      (n) => n >= 1,
+      { what: 'the first empty claim' },
+    );
     for (let round = 0; round < 3; round++) {
       const sentAt = Date.now();
       await producer.enqueue('woken', { round });

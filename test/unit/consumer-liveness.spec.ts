@@ -14,6 +14,7 @@ function queue(overrides: Partial<QueueConsumerSnapshot>): QueueConsumerSnapshot
     lastLoopAt: NOW - 1_000,
     claimFailing: false,
     stopping: false,
+    maxPollMs: 2_000,
     ...overrides,
   };
 }

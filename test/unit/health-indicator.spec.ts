@@ -1,7 +1,7 @@
 import { HealthIndicatorService } from '@nestjs/terminus';
 import { describe, expect, it } from 'vitest';
 import { SqlQueueConfigError } from '../../lib/src/core/errors.js';
-import { resolveConsumerOptions } from '../../lib/src/core/options.js';
+import { emptyQueueHealth } from '../../lib/src/core/queue-metrics.js';
 import type { QueueConsumerSnapshot } from '../../lib/src/core/queue-consumer.js';
 import type { QueueStats } from '../../lib/src/core/types.js';
 import { assertQueueName } from '../../lib/src/core/validation.js';
@@ -19,17 +19,7 @@ interface Fakes {
 const never = () => new Promise<never>(() => undefined);
 
 function stats(overrides: Partial<QueueStats> = {}): QueueStats {
-  return {
-    queue: 'emails',
-    ready: 0,
-    delayed: 0,
-    leased: 0,
-    expiredLeases: 0,
-    dead: 0,
-    retrying: 0,
-    oldestReadyAgeMs: 0,
-    ...overrides,
-  };
+  return { ...emptyQueueHealth('emails'), ...overrides };
 }
 
 /** The indicator against stand-ins of the runtime and consumer host (no database, no Nest app). */
@@ -42,8 +32,6 @@ function indicator(fakes: Fakes = {}): SqlQueueHealthIndicator {
         return (fakes.stats ?? (async () => stats()))(queue);
       },
     },
-    options: { queues: {}, consumer: resolveConsumerOptions(undefined) },
-    handlerOptions: new Map(),
   };
   const host = {
     enabled: fakes.enabled ?? true,
@@ -66,6 +54,7 @@ function reader(overrides: Partial<QueueConsumerSnapshot> = {}): QueueConsumerSn
     lastLoopAt: Date.now(),
     claimFailing: false,
     stopping: false,
+    maxPollMs: 2_000,
     ...overrides,
   };
 }
@@ -129,6 +118,11 @@ describe('SqlQueueHealthIndicator.consumer (liveness)', () => {
       stalledAfterMs: 300_000,
     });
     expect(lenient.live.status).toBe('up');
+    // A queue that idles long between polls gets a longer default limit: 3 × its maxPollMs.
+    const slowPoller = await indicator({
+      queues: [reader({ lastLoopAt: Date.now() - 120_000, maxPollMs: 60_000 })],
+    }).consumer('live');
+    expect(slowPoller.live).toMatchObject({ status: 'up', queues: { emails: { stalledAfterMs: 180_000 } } });
   });
 
   it('is down when the consumer is not running, and up when it is disabled on purpose', async () => {

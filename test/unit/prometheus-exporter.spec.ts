@@ -1,7 +1,7 @@
 import { Registry } from 'prom-client';
 import { describe, expect, it } from 'vitest';
 import type { QueueEventListener } from '../../lib/src/core/events.js';
-import { resolveMetricsOptions, type QueueHealthReading } from '../../lib/src/core/queue-metrics.js';
+import { QueueEventMetrics, resolveMetricsOptions, type QueueHealthReading } from '../../lib/src/core/queue-metrics.js';
 import { SqlQueueMetrics } from '../../lib/src/index.js';
 import { SqlQueuePrometheusExporter } from '../../lib/src/prometheus.js';
 import { parsePrometheusText, sampleValue } from '../helpers/prometheus-text.js';
@@ -30,13 +30,16 @@ function setup(options: { registry?: Registry; reading?: () => QueueHealthReadin
       },
     ],
   });
+  // Events are counted as SqlQueueMetrics counts them: by a real QueueEventMetrics.
+  const events = new QueueEventMetrics();
+  listeners.push(events);
   const metrics = {
     options: resolveMetricsOptions({}),
     readDatabase: async () => (options.reading ?? okReading)(),
     knownQueues: () => ['mail.out-1'],
     processFigures: () => [
       {
-        queue: 'mail.out-1',
+        ...events.figures('mail.out-1'),
         consumer: { readers: 2, running: 1, buffered: 0, claimFailing: false, stopping: false, sinceLastLoopMs: 1500 },
       },
     ],
@@ -52,7 +55,7 @@ function setup(options: { registry?: Registry; reading?: () => QueueHealthReadin
     name: K,
     event: Parameters<NonNullable<QueueEventListener[K]>>[0],
   ) => {
-    for (const l of listeners) (l[name] as (e: typeof event) => void)(event);
+    for (const l of listeners) (l[name] as ((e: typeof event) => void) | undefined)?.call(l, event);
   };
   const scrape = async () => parsePrometheusText(await exporter.metrics());
   return { exporter, emit, scrape };

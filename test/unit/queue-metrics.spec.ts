@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { SqlQueueConfigError } from '../../lib/src/core/errors.js';
 import {
+  emptyQueueHealth,
   LatencyHistogram,
   QueueEventMetrics,
   QueueHealthReader,
@@ -10,19 +11,7 @@ import type { QueueHealth, QueueHealthRequest } from '../../lib/src/core/types.j
 import { deferred } from '../helpers/wait-for.js';
 
 function health(queue: string, ready = 0): QueueHealth {
-  return {
-    queue,
-    ready,
-    delayed: 0,
-    leased: 0,
-    expiredLeases: 0,
-    dead: 0,
-    retrying: 0,
-    oldestReadyAgeMs: 0,
-    recentFailures: 0,
-    recentLeaseExpiries: 0,
-    repeatedlyFailing: 0,
-  };
+  return { ...emptyQueueHealth(queue), ready };
 }
 
 describe('LatencyHistogram', () => {

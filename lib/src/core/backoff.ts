@@ -1,5 +1,5 @@
 import { SqlQueueConfigError } from './errors.js';
-import { assertInteger, describe } from './validation.js';
+import { assertInteger, describe, INT_MAX as MAX_DELAY_MS } from './validation.js';
 
 /** How long to wait before the next attempt of a failed job. */
 export type BackoffOption =
@@ -12,8 +12,6 @@ export type BackoffOption =
 export type RetryDelay = (attempt: number, error: unknown) => number;
 
 export const DEFAULT_BACKOFF: BackoffOption = { type: 'exponential', baseMs: 1_000, factor: 2, maxMs: 3_600_000 };
-
-const MAX_DELAY_MS = 2_147_483_647; // what SQL Server's DATEADD(millisecond, int) can carry
 
 /** Validates a backoff option once, at boot, and returns the function the engine calls. */
 export function retryDelayFor(

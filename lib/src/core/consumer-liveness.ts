@@ -1,4 +1,5 @@
 import type { ConsumerSnapshot } from './consumer.js';
+import type { QueueConsumerSnapshot } from './queue-consumer.js';
 
 /**
  * Floor of the default stall threshold. A healthy claim loop with an idle reader records
@@ -59,10 +60,10 @@ export interface ConsumerLiveness {
 export function assessConsumerLiveness(
   snapshot: ConsumerSnapshot,
   now: number,
-  stalledAfterMs: (queue: string) => number,
+  stalledAfterMs: (queue: QueueConsumerSnapshot) => number,
 ): ConsumerLiveness {
   const queues = snapshot.queues.map((q): QueueLiveness => {
-    const threshold = stalledAfterMs(q.queue);
+    const threshold = stalledAfterMs(q);
     const idleReaders = Math.max(0, q.readers - q.running);
     const sinceLastLoopMs = Math.max(0, now - q.lastLoopAt);
     let reason: string | null = null;

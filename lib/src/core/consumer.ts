@@ -1,27 +1,15 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
-import type { Clock } from './clock.js';
 import { SqlQueueConfigError } from './errors.js';
-import type { QueueEventListener } from './events.js';
 import type { JobHandler } from './handler.js';
-import type { QueueLogger } from './logger.js';
 import type { ResolvedQueueOptions } from './options.js';
-import { QueueConsumer, type QueueConsumerSnapshot } from './queue-consumer.js';
-import type { QueueStore } from './queue-store.js';
+import { QueueConsumer, type QueueConsumerDeps, type QueueConsumerSnapshot } from './queue-consumer.js';
 import type { WakeBus } from './wake.js';
 
-export interface ConsumerDeps {
-  store: QueueStore;
-  clock: Clock;
-  logger: QueueLogger;
-  listeners: readonly QueueEventListener[];
+export interface ConsumerDeps extends QueueConsumerDeps {
   wakeBus: WakeBus;
-  workerId: string;
-  activationIntervalMs: number;
-  activationQuietMs: number;
   /** Listen for wake-ups from other processes when the store offers a channel (default true). */
   listenForWakeups?: boolean;
-  random?: () => number;
 }
 
 export interface ConsumerSnapshot {

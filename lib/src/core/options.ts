@@ -3,14 +3,14 @@ import { SqlQueueConfigError } from './errors.js';
 import {
   assertBoolean,
   assertInteger,
+  assertOptionGroup,
   assertQueueName,
   DEFAULT_MAX_ATTEMPTS,
-  describe,
+  INT_MAX,
   MAX_ATTEMPTS_LIMIT,
 } from './validation.js';
 
 const DAY_MS = 86_400_000;
-const INT_MAX = 2_147_483_647;
 
 /** Per-queue behaviour, set in the module's `queues` map and overridable on `@QueueHandler`. */
 export interface QueueOptions {
@@ -115,7 +115,7 @@ export interface ResolvedRetentionOptions {
   batchSize: number;
 }
 
-const QUEUE_OPTION_KEYS = new Set<keyof QueueOptions>([
+const QUEUE_OPTION_KEYS: readonly (keyof QueueOptions)[] = [
   'minReaders',
   'maxReaders',
   'batchSize',
@@ -126,40 +126,19 @@ const QUEUE_OPTION_KEYS = new Set<keyof QueueOptions>([
   'backoff',
   'minPollMs',
   'maxPollMs',
-]);
-
-function assertPlainObject(where: string, value: unknown): Record<string, unknown> {
-  if (value === undefined) return {};
-  if (value === null || typeof value !== 'object' || Array.isArray(value)) {
-    throw new SqlQueueConfigError(`${where} must be an object, got ${describe(value)}`);
-  }
-  return value as Record<string, unknown>;
-}
-
-function assertKnownKeys(where: string, value: Record<string, unknown>, known: Set<string>): void {
-  for (const key of Object.keys(value)) {
-    if (!known.has(key)) {
-      throw new SqlQueueConfigError(`${where}: unknown option '${key}' (known: ${[...known].join(', ')})`);
-    }
-  }
-}
+];
 
 export function resolveConsumerOptions(raw: ConsumerOptions | undefined): ResolvedConsumerOptions {
   const where = 'consumer';
-  const value = assertPlainObject(where, raw) as ConsumerOptions;
-  assertKnownKeys(
-    where,
-    value as Record<string, unknown>,
-    new Set([
-      'enabled',
-      'shutdownTimeoutMs',
-      'minPollMs',
-      'maxPollMs',
-      'activationIntervalMs',
-      'activationQuietMs',
-      'workerId',
-    ]),
-  );
+  const value = assertOptionGroup(where, raw, [
+    'enabled',
+    'shutdownTimeoutMs',
+    'minPollMs',
+    'maxPollMs',
+    'activationIntervalMs',
+    'activationQuietMs',
+    'workerId',
+  ]);
   const minPollMs = assertInteger(`${where}.minPollMs`, value.minPollMs ?? 50, 1, 60_000);
   const maxPollMs = assertInteger(
     `${where}.maxPollMs`,
@@ -187,8 +166,7 @@ export function resolveConsumerOptions(raw: ConsumerOptions | undefined): Resolv
 }
 
 export function resolveReaperOptions(raw: ReaperOptions | undefined): ResolvedReaperOptions {
-  const value = assertPlainObject('reaper', raw) as ReaperOptions;
-  assertKnownKeys('reaper', value as Record<string, unknown>, new Set(['enabled', 'intervalMs', 'batchSize']));
+  const value = assertOptionGroup('reaper', raw, ['enabled', 'intervalMs', 'batchSize']);
   return {
     enabled: assertBoolean('reaper.enabled', value.enabled ?? true),
     intervalMs: assertInteger('reaper.intervalMs', value.intervalMs ?? 5_000, 10, 3_600_000),
@@ -198,12 +176,14 @@ export function resolveReaperOptions(raw: ReaperOptions | undefined): ResolvedRe
 
 export function resolveRetentionOptions(raw: RetentionOptions | undefined): ResolvedRetentionOptions {
   const where = 'retention';
-  const value = assertPlainObject(where, raw) as RetentionOptions;
-  assertKnownKeys(
-    where,
-    value as Record<string, unknown>,
-    new Set(['enabled', 'intervalMs', 'doneMs', 'deadMs', 'idempotencyKeyMs', 'batchSize']),
-  );
+  const value = assertOptionGroup(where, raw, [
+    'enabled',
+    'intervalMs',
+    'doneMs',
+    'deadMs',
+    'idempotencyKeyMs',
+    'batchSize',
+  ]);
   const max = 3650 * DAY_MS;
   return {
     enabled: assertBoolean(`${where}.enabled`, value.enabled ?? true),
@@ -220,9 +200,7 @@ export function resolveRetentionOptions(raw: RetentionOptions | undefined): Reso
 
 /** Checks one set of queue options (from the module map or a handler decorator). */
 export function validateQueueOptions(where: string, raw: unknown): QueueOptions {
-  const value = assertPlainObject(where, raw);
-  assertKnownKeys(where, value, QUEUE_OPTION_KEYS as Set<string>);
-  const o = value as QueueOptions;
+  const o = assertOptionGroup(where, raw as QueueOptions | undefined, QUEUE_OPTION_KEYS);
   const check = (key: keyof QueueOptions, min: number, max: number) => {
     if (o[key] !== undefined) assertInteger(`${where}.${key}`, o[key], min, max);
   };
@@ -282,7 +260,7 @@ export function resolveQueueOptions(
 
 /** Validates the module's `queues` map: names and each entry. */
 export function validateQueueMap(raw: unknown): Record<string, QueueOptions> {
-  const map = assertPlainObject('queues', raw);
+  const map = assertOptionGroup('queues', raw as Record<string, unknown> | undefined);
   for (const [queue, options] of Object.entries(map)) {
     assertQueueName(queue, SqlQueueConfigError);
     validateQueueOptions(`queues['${queue}']`, options);

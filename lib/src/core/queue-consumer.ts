@@ -1,6 +1,5 @@
 import { shouldAddReader, shouldRetireAfterEmptyClaim } from './activation.js';
 import { PollBackoff } from './backoff.js';
-import type { Clock } from './clock.js';
 import {
   SqlQueueJobTimeoutError,
   SqlQueueLeaseLostError,
@@ -8,21 +7,16 @@ import {
   SqlQueueUnrecoverableError,
   SqlQueueValidationError,
 } from './errors.js';
-import { safeEmit, type QueueEventListener } from './events.js';
+import { safeEmit } from './events.js';
 import type { JobContext, JobHandler } from './handler.js';
-import { abortJob, JobAcker, signalOf, type HeldJob } from './job-acker.js';
-import { ThrottledErrorLog, type QueueLogger } from './logger.js';
+import { abortJob, JobAcker, signalOf, type AckerDeps, type HeldJob } from './job-acker.js';
+import { ThrottledErrorLog } from './logger.js';
 import type { ResolvedQueueOptions } from './options.js';
-import type { QueueStore } from './queue-store.js';
 import { settleWithin, withTimeout } from './timeout.js';
 import type { ClaimedJob, HeartbeatResult } from './types.js';
+import { INT_MAX } from './validation.js';
 
-export interface QueueConsumerDeps {
-  store: QueueStore;
-  clock: Clock;
-  logger: QueueLogger;
-  listeners: readonly QueueEventListener[];
-  workerId: string;
+export interface QueueConsumerDeps extends AckerDeps {
   activationIntervalMs: number;
   activationQuietMs: number;
   random?: () => number;
@@ -39,6 +33,8 @@ export interface QueueConsumerSnapshot {
   /** True while claims fail (database unreachable, …). */
   claimFailing: boolean;
   stopping: boolean;
+  /** The queue's longest idle pause: a liveness check's yardstick for "no progress". */
+  maxPollMs: number;
 }
 
 /** How long after aborting a handler the reader keeps waiting for it before moving on. */
@@ -46,7 +42,6 @@ const ABANDON_GRACE_MS = 5_000;
 const SHUTDOWN_ABANDON_GRACE_MS = 1_000;
 const ERROR_BACKOFF_MIN_MS = 100;
 const ERROR_BACKOFF_MAX_MS = 5_000;
-const INT_MAX = 2_147_483_647;
 
 /**
  * Runs the handlers of one queue: readers (between minReaders and maxReaders, per the
@@ -144,6 +139,7 @@ export class QueueConsumer {
       lastLoopAt: Math.max(this.lastLoopAt, this.waiting.length > 0 ? (this.waitingSince ?? 0) : 0),
       claimFailing: this.claimErrors.failing,
       stopping: this.stopping,
+      maxPollMs: this.options.maxPollMs,
     };
   }
 

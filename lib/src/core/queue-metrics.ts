@@ -2,7 +2,8 @@ import { SqlQueueConfigError } from './errors.js';
 import type { QueueEventListener } from './events.js';
 import type { QueueStore } from './queue-store.js';
 import type { QueueHealth } from './types.js';
-import { assertInteger, describe } from './validation.js';
+import { withTimeout } from './timeout.js';
+import { assertInteger, assertOptionGroup } from './validation.js';
 
 /**
  * Upper bounds (seconds) of the completion-latency histograms. Enqueue→done spans a
@@ -42,16 +43,13 @@ const DAY_MS = 86_400_000;
 
 /** Checks the `metrics` option at boot, with the option's name in every message. */
 export function resolveMetricsOptions(raw: MetricsOptions | undefined): ResolvedMetricsOptions {
-  if (raw !== undefined && (raw === null || typeof raw !== 'object' || Array.isArray(raw))) {
-    throw new SqlQueueConfigError(`metrics must be an object, got ${describe(raw)}`);
-  }
-  const value = raw ?? {};
-  const known = new Set(['failureWindowMs', 'repeatedFailures', 'cacheMs', 'timeoutMs', 'latencyBucketsSeconds']);
-  for (const key of Object.keys(value)) {
-    if (!known.has(key)) {
-      throw new SqlQueueConfigError(`metrics: unknown option '${key}' (known: ${[...known].join(', ')})`);
-    }
-  }
+  const value = assertOptionGroup('metrics', raw, [
+    'failureWindowMs',
+    'repeatedFailures',
+    'cacheMs',
+    'timeoutMs',
+    'latencyBucketsSeconds',
+  ]);
   const buckets = value.latencyBucketsSeconds ?? DEFAULT_LATENCY_BUCKETS_SECONDS;
   if (
     !Array.isArray(buckets) ||
@@ -246,6 +244,23 @@ export class QueueEventMetrics implements QueueEventListener {
   }
 }
 
+/** A queue with nothing in the database: every figure zero. */
+export function emptyQueueHealth(queue: string): QueueHealth {
+  return {
+    queue,
+    ready: 0,
+    delayed: 0,
+    leased: 0,
+    expiredLeases: 0,
+    dead: 0,
+    retrying: 0,
+    oldestReadyAgeMs: 0,
+    recentFailures: 0,
+    recentLeaseExpiries: 0,
+    repeatedlyFailing: 0,
+  };
+}
+
 /** One reading of every queue's database figures. */
 export interface QueueHealthReading {
   /** False when the database could not be read in time; `queues` is empty then. */
@@ -289,49 +304,13 @@ export class QueueHealthReader {
       this.inFlightSince = startedAt;
       const query = this.query();
       this.inFlight = query;
-      void query.finally(() => {
+      const settled = () => {
         if (this.inFlight === query) this.inFlight = null;
-      });
-    }
-    const inFlight = this.inFlight;
-    let timer: NodeJS.Timeout | undefined;
-    const timedOut = new Promise<QueueHealthReading>((resolve) => {
-      timer = setTimeout(
-        () =>
-          resolve({
-            ok: false,
-            readAt: null,
-            durationMs: this.now() - startedAt,
-            error: `reading queue figures timed out after ${this.options.timeoutMs} ms`,
-            queues: [],
-          }),
-        this.options.timeoutMs,
-      );
-      timer.unref?.();
-    });
-    try {
-      return await Promise.race([inFlight, timedOut]);
-    } finally {
-      clearTimeout(timer);
-    }
-  }
-
-  private async query(): Promise<QueueHealthReading> {
-    const startedAt = this.now();
-    try {
-      const queues = await this.store.queueHealth({
-        failureWindowMs: this.options.failureWindowMs,
-        repeatedFailures: this.options.repeatedFailures,
-      });
-      const reading: QueueHealthReading = {
-        ok: true,
-        readAt: this.now(),
-        durationMs: this.now() - startedAt,
-        error: null,
-        queues,
       };
-      this.last = reading;
-      return reading;
+      query.then(settled, settled);
+    }
+    try {
+      return await withTimeout(this.inFlight, this.options.timeoutMs, 'reading queue figures');
     } catch (error) {
       return {
         ok: false,
@@ -341,5 +320,16 @@ export class QueueHealthReader {
         queues: [],
       };
     }
+  }
+
+  /** One statement; a failure rejects, and read() turns it into a failed reading. */
+  private async query(): Promise<QueueHealthReading> {
+    const startedAt = this.now();
+    const queues = await this.store.queueHealth({
+      failureWindowMs: this.options.failureWindowMs,
+      repeatedFailures: this.options.repeatedFailures,
+    });
+    this.last = { ok: true, readAt: this.now(), durationMs: this.now() - startedAt, error: null, queues };
+    return this.last;
   }
 }

@@ -8,6 +8,8 @@ const SCHEMA_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/;
 const KEY_MAX_LENGTH = 255;
 const MAX_DELAY_MS = 50 * 365 * 24 * 3600 * 1000;
 export const MAX_ATTEMPTS_LIMIT = 10_000;
+/** Largest int in SQL Server (DATEADD(millisecond, …), int columns): bounds of leases and delays. */
+export const INT_MAX = 2_147_483_647;
 export const DEFAULT_MAX_ATTEMPTS = 25;
 export const DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024;
 
@@ -41,6 +43,24 @@ export function assertInteger(
 ): number {
   if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
     throw new error(`${name} must be an integer from ${min} to ${max}, got ${describe(value)}`);
+  }
+  return value;
+}
+
+/**
+ * An option group (module options, `consumer`, `queues['x']`, …): absent, or a plain object
+ * whose keys are all `known` (when given), so a misspelt option fails at boot instead of being
+ * ignored.
+ */
+export function assertOptionGroup<T extends object>(where: string, value: T | undefined, known?: readonly string[]): T {
+  if (value === undefined) return {} as T;
+  if (value === null || typeof value !== 'object' || Array.isArray(value)) {
+    throw new SqlQueueConfigError(`${where} must be an object, got ${describe(value)}`);
+  }
+  for (const key of Object.keys(value)) {
+    if (known && !known.includes(key)) {
+      throw new SqlQueueConfigError(`${where}: unknown option '${key}' (known: ${known.join(', ')})`);
+    }
   }
   return value;
 }

@@ -1,6 +1,7 @@
 import { Inject, Injectable } from '@nestjs/common';
 import type { QueueEventListener } from '../core/events.js';
 import {
+  emptyQueueHealth,
   QueueEventMetrics,
   QueueHealthReader,
   type QueueEventFigures,
@@ -51,22 +52,6 @@ export interface SqlQueueQueueMetrics {
   database: QueueHealth | null;
   databaseError: string | null;
   process: SqlQueueProcessFigures;
-}
-
-function zeroHealth(queue: string): QueueHealth {
-  return {
-    queue,
-    ready: 0,
-    delayed: 0,
-    leased: 0,
-    expiredLeases: 0,
-    dead: 0,
-    retrying: 0,
-    oldestReadyAgeMs: 0,
-    recentFailures: 0,
-    recentLeaseExpiries: 0,
-    repeatedlyFailing: 0,
-  };
 }
 
 /**
@@ -136,7 +121,7 @@ export class SqlQueueMetrics {
     const present = new Set(reading.queues.map((q) => q.queue));
     const missing = this.knownQueues().filter((queue) => !present.has(queue));
     if (missing.length === 0) return reading;
-    const queues = [...reading.queues, ...missing.map(zeroHealth)].sort((a, b) =>
+    const queues = [...reading.queues, ...missing.map(emptyQueueHealth)].sort((a, b) =>
       a.queue < b.queue ? -1 : a.queue > b.queue ? 1 : 0,
     );
     return { ...reading, queues };
@@ -168,7 +153,7 @@ export class SqlQueueMetrics {
   async queue(name: string): Promise<SqlQueueQueueMetrics> {
     const queue = assertQueueName(name);
     const reading = await this.readDatabase();
-    const database = reading.ok ? (reading.queues.find((q) => q.queue === queue) ?? zeroHealth(queue)) : null;
+    const database = reading.ok ? (reading.queues.find((q) => q.queue === queue) ?? emptyQueueHealth(queue)) : null;
     const process = this.processFigures().find((p) => p.queue === queue) ?? {
       ...this.events.figures(queue),
       consumer: null,

@@ -18,6 +18,7 @@ import { resolveMetricsOptions, type MetricsOptions, type ResolvedMetricsOptions
 import {
   assertBoolean,
   assertInteger,
+  assertOptionGroup,
   assertSchemaName,
   DEFAULT_MAX_PAYLOAD_BYTES,
   describe,
@@ -67,7 +68,7 @@ export interface ResolvedModuleOptions {
   metrics: ResolvedMetricsOptions;
 }
 
-const KNOWN = new Set([
+const KNOWN: readonly (keyof SqlQueueModuleOptions)[] = [
   'connection',
   'schema',
   'migrations',
@@ -79,30 +80,17 @@ const KNOWN = new Set([
   'wakeups',
   'listeners',
   'metrics',
-]);
+];
 
 /** Checks every module option at boot, with messages that name the option and the fix. */
 export function resolveModuleOptions(raw: SqlQueueModuleOptions): ResolvedModuleOptions {
-  if (!raw || typeof raw !== 'object') {
-    throw new SqlQueueConfigError(`SqlQueueModule options must be an object, got ${describe(raw)}`);
-  }
-  for (const key of Object.keys(raw)) {
-    if (!KNOWN.has(key)) throw new SqlQueueConfigError(`SqlQueueModule: unknown option '${key}'`);
-  }
-  if (!raw.connection) throw new SqlQueueConfigError('SqlQueueModule: connection is required');
+  assertOptionGroup('SqlQueueModule options', raw, KNOWN);
+  if (!raw?.connection) throw new SqlQueueConfigError('SqlQueueModule: connection is required');
   const migrations = raw.migrations ?? 'auto';
   if (!['auto', 'check', 'off'].includes(migrations)) {
     throw new SqlQueueConfigError(`migrations must be 'auto', 'check' or 'off', got ${describe(migrations)}`);
   }
-  const wakeups = raw.wakeups ?? {};
-  if (typeof wakeups !== 'object' || wakeups === null) {
-    throw new SqlQueueConfigError(`wakeups must be an object, got ${describe(wakeups)}`);
-  }
-  for (const key of Object.keys(wakeups)) {
-    if (key !== 'enabled' && key !== 'intervalMs') {
-      throw new SqlQueueConfigError(`wakeups: unknown option '${key}' (known: enabled, intervalMs)`);
-    }
-  }
+  const wakeups = assertOptionGroup('wakeups', raw.wakeups, ['enabled', 'intervalMs']);
   if (raw.listeners !== undefined && !Array.isArray(raw.listeners)) {
     throw new SqlQueueConfigError('listeners must be an array of event listener objects');
   }

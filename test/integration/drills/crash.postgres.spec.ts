@@ -7,7 +7,8 @@
  */
 import { expect, it } from 'vitest';
 import { PG_URL } from '../../helpers/databases.js';
-import { attemptSummary, enqueueKeys, sql } from '../../helpers/drills.js';
+import { attemptSummary, enqueueKeys } from '../../helpers/drills.js';
+import { sql } from '../../helpers/databases.js';
 import { REAPER_MS, SHORT_LEASE_MS, useDrillSchema } from './harness.js';
 
 const { schema, store, worker, jobDone, runsOf, effectWritesOf, expectEachEffectOnce } = useDrillSchema('crash');

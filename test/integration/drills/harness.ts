@@ -8,7 +8,8 @@
 import { afterAll, afterEach, beforeAll, expect } from 'vitest';
 import { createPostgresStore } from '../../../lib/src/store/postgres/postgres.connect.js';
 import { dropPgSchema, PG_URL, uniqueSchema } from '../../helpers/databases.js';
-import { effectsReport, sql } from '../../helpers/drills.js';
+import { effectsReport } from '../../helpers/drills.js';
+import { sql } from '../../helpers/databases.js';
 import { PgProxy } from '../../helpers/pg-proxy.js';
 import { waitFor } from '../../helpers/wait-for.js';
 import { createEffectTables, killAllWorkers, WorkerProcess } from '../../helpers/worker-process.js';

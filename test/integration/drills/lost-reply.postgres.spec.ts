@@ -6,7 +6,8 @@
  */
 import { expect, it } from 'vitest';
 import { PG_URL } from '../../helpers/databases.js';
-import { attemptSummary, enqueueKeys, sql, within } from '../../helpers/drills.js';
+import { attemptSummary, enqueueKeys, within } from '../../helpers/drills.js';
+import { sql } from '../../helpers/databases.js';
 import { waitFor } from '../../helpers/wait-for.js';
 import { SHORT_LEASE_MS, useDrillSchema } from './harness.js';
 

@@ -3,7 +3,6 @@ import { ModuleRef } from '@nestjs/core';
 import { HealthIndicatorService, type HealthIndicatorResult } from '@nestjs/terminus';
 import { assessConsumerLiveness, defaultStalledAfterMs } from '../../core/consumer-liveness.js';
 import { SqlQueueConfigError } from '../../core/errors.js';
-import { resolveQueueOptions } from '../../core/options.js';
 import type { QueueStats } from '../../core/types.js';
 import { withTimeout } from '../../core/timeout.js';
 import { SqlQueueConsumerHost } from '../consumer.host.js';
@@ -140,7 +139,7 @@ export class SqlQueueHealthIndicator implements OnModuleInit {
   ): Promise<HealthIndicatorResult<Key>> {
     const session = this.healthIndicatorService.check(key);
     try {
-      const { runtime, host } = this.required();
+      const { host } = this.required();
       if (!host.enabled) return session.up({ enabled: false });
       if (
         options.stalledAfterMs !== undefined &&
@@ -153,7 +152,7 @@ export class SqlQueueHealthIndicator implements OnModuleInit {
       const verdict = assessConsumerLiveness(
         host.snapshot(),
         Date.now(),
-        (queue) => options.stalledAfterMs ?? defaultStalledAfterMs(maxPollMsOf(runtime, queue)),
+        (queue) => options.stalledAfterMs ?? defaultStalledAfterMs(queue.maxPollMs),
       );
       const queues = Object.fromEntries(
         verdict.queues.map((q) => [
@@ -226,17 +225,4 @@ export function backlogViolations(stats: QueueStats, limits: Omit<SqlQueueBacklo
   return checks
     .filter(([, value, limit]) => limit !== undefined && value > limit)
     .map(([name, value, limit]) => `${name} ${value} > ${limit}`);
-}
-
-/** The queue's effective maxPollMs, resolved as the consumer host resolves it. */
-function maxPollMsOf(runtime: SqlQueueRuntime, queue: string): number {
-  try {
-    return resolveQueueOptions(
-      queue,
-      { module: runtime.options.queues[queue], handler: runtime.handlerOptions.get(queue) },
-      runtime.options.consumer,
-    ).maxPollMs;
-  } catch {
-    return runtime.options.consumer.maxPollMs;
-  }
 }

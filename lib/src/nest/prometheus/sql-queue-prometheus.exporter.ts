@@ -2,9 +2,8 @@ import { Inject, Injectable, type OnApplicationShutdown, type OnModuleInit } fro
 import { ModuleRef } from '@nestjs/core';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { SqlQueueConfigError } from '../../core/errors.js';
-import type { QueueEventListener } from '../../core/events.js';
 import type { QueueHealthReading } from '../../core/queue-metrics.js';
-import { SqlQueueMetrics } from '../sql-queue.metrics.js';
+import { SqlQueueMetrics, type SqlQueueProcessFigures } from '../sql-queue.metrics.js';
 import { SQL_QUEUE_PROMETHEUS_OPTIONS, type SqlQueuePrometheusOptions } from './sql-queue-prometheus.options.js';
 
 const NAME_PREFIX = /^[a-zA-Z_:][a-zA-Z0-9_:]*$/;
@@ -208,11 +207,80 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
     const buckets = [...metrics.options.latencyBucketsSeconds];
     const queueLabel = ['queue'] as const;
 
-    // Known queues start at zero, so rate() and absent() work before the first event.
-    const zeroKnown = (init: (queue: string) => void) => () => {
-      for (const queue of metrics.knownQueues()) init(queue);
-    };
+    // Counters read SqlQueueMetrics' own event counts at scrape time: one count of each event,
+    // the same figures as processFigures(), and known queues start at zero so rate() and
+    // absent() work before the first event.
+    const fromFigures = <L extends string>(fill: (counter: Counter<L>, figures: SqlQueueProcessFigures) => void) =>
+      function collect(this: Counter<L>): void {
+        this.reset();
+        for (const figures of metrics.processFigures()) fill(this, figures);
+      };
+    new Counter({
+      name: this.name('jobs_completed_total'),
+      help: 'Jobs this process completed.',
+      labelNames: queueLabel,
+      registers,
+      collect: fromFigures((c, p) => c.inc({ queue: p.queue }, p.completed)),
+    });
+    new Counter({
+      name: this.name('jobs_failed_total'),
+      help: 'Failed attempts recorded by this process; result "retry" (scheduled again) or "dead" (no attempts left, or unrecoverable).',
+      labelNames: ['queue', 'result'],
+      registers,
+      collect: fromFigures((c, p) => {
+        c.inc({ queue: p.queue, result: 'retry' }, p.retried);
+        c.inc({ queue: p.queue, result: 'dead' }, p.deadLettered);
+      }),
+    });
+    new Counter({
+      name: this.name('lost_ownership_total'),
+      help: 'Writes refused because this worker no longer owned the job (its claim token had changed), by the write that found out.',
+      labelNames: ['queue', 'during'],
+      registers,
+      collect: fromFigures((c, p) => {
+        for (const [during, count] of Object.entries(p.lostOwnership)) c.inc({ queue: p.queue, during }, count);
+      }),
+    });
+    new Counter({
+      name: this.name('jobs_abandoned_total'),
+      help: 'Handlers that ignored their abort signal; the reader moved on and the lease decides the job.',
+      labelNames: queueLabel,
+      registers,
+      collect: fromFigures((c, p) => c.inc({ queue: p.queue }, p.abandoned)),
+    });
+    new Counter({
+      name: this.name('claims_total'),
+      help: 'Claim statements sent by this process; result "jobs" or "empty" (an empty claim starts an idle pause).',
+      labelNames: ['queue', 'result'],
+      registers,
+      collect: fromFigures((c, p) => {
+        c.inc({ queue: p.queue, result: 'jobs' }, p.claims);
+        c.inc({ queue: p.queue, result: 'empty' }, p.emptyClaims);
+      }),
+    });
+    new Counter({
+      name: this.name('jobs_claimed_total'),
+      help: 'Jobs claimed by this process.',
+      labelNames: queueLabel,
+      registers,
+      collect: fromFigures((c, p) => c.inc({ queue: p.queue }, p.claimedJobs)),
+    });
+    new Counter({
+      name: this.name('reader_activations_total'),
+      help: 'Readers started by the activation rule in this process (work waiting and every reader busy).',
+      labelNames: queueLabel,
+      registers,
+      collect: fromFigures((c, p) => c.inc({ queue: p.queue }, p.readerActivations)),
+    });
+    new Counter({
+      name: this.name('reader_retirements_total'),
+      help: 'Readers retired in this process after an empty claim (above minReaders).',
+      labelNames: queueLabel,
+      registers,
+      collect: fromFigures((c, p) => c.inc({ queue: p.queue }, p.readerRetirements)),
+    });
 
+    // Histograms cannot be set from a snapshot, so they observe completions as they happen.
     // Histogram.zero() overwrites a label set, observations included: zero each queue once,
     // and only if nothing was observed for it yet.
     const histogramQueues = new Set<string>();
@@ -222,13 +290,16 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
       duration.zero({ queue });
       latency.zero({ queue });
     };
+    const zeroKnown = () => {
+      for (const queue of metrics.knownQueues()) zeroHistograms(queue);
+    };
     const duration: Histogram<'queue'> = new Histogram({
       name: this.name('job_duration_seconds'),
       help: 'Claim to completion of jobs completed by this process: the handler run plus recording the outcome.',
       labelNames: queueLabel,
       buckets,
       registers,
-      collect: zeroKnown(zeroHistograms),
+      collect: zeroKnown,
     });
     const latency: Histogram<'queue'> = new Histogram({
       name: this.name('job_latency_seconds'),
@@ -236,69 +307,15 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
       labelNames: queueLabel,
       buckets,
       registers,
-      collect: zeroKnown(zeroHistograms),
+      collect: zeroKnown,
     });
-    const completed = new Counter({
-      name: this.name('jobs_completed_total'),
-      help: 'Jobs this process completed.',
-      labelNames: queueLabel,
-      registers,
-      collect: zeroKnown((queue) => completed.inc({ queue }, 0)),
-    });
-    const failed = new Counter({
-      name: this.name('jobs_failed_total'),
-      help: 'Failed attempts recorded by this process; result "retry" (scheduled again) or "dead" (no attempts left, or unrecoverable).',
-      labelNames: ['queue', 'result'],
-      registers,
-      collect: zeroKnown((queue) => {
-        failed.inc({ queue, result: 'retry' }, 0);
-        failed.inc({ queue, result: 'dead' }, 0);
-      }),
-    });
-    const lost = new Counter({
-      name: this.name('lost_ownership_total'),
-      help: 'Writes refused because this worker no longer owned the job (its claim token had changed), by the write that found out.',
-      labelNames: ['queue', 'during'],
-      registers,
-      collect: zeroKnown((queue) => lost.inc({ queue, during: 'heartbeat' }, 0)),
-    });
-    const abandoned = new Counter({
-      name: this.name('jobs_abandoned_total'),
-      help: 'Handlers that ignored their abort signal; the reader moved on and the lease decides the job.',
-      labelNames: queueLabel,
-      registers,
-      collect: zeroKnown((queue) => abandoned.inc({ queue }, 0)),
-    });
-    const claims = new Counter({
-      name: this.name('claims_total'),
-      help: 'Claim statements sent by this process; result "jobs" or "empty" (an empty claim starts an idle pause).',
-      labelNames: ['queue', 'result'],
-      registers,
-      collect: zeroKnown((queue) => {
-        claims.inc({ queue, result: 'jobs' }, 0);
-        claims.inc({ queue, result: 'empty' }, 0);
-      }),
-    });
-    const claimed = new Counter({
-      name: this.name('jobs_claimed_total'),
-      help: 'Jobs claimed by this process.',
-      labelNames: queueLabel,
-      registers,
-      collect: zeroKnown((queue) => claimed.inc({ queue }, 0)),
-    });
-    const activations = new Counter({
-      name: this.name('reader_activations_total'),
-      help: 'Readers started by the activation rule in this process (work waiting and every reader busy).',
-      labelNames: queueLabel,
-      registers,
-      collect: zeroKnown((queue) => activations.inc({ queue }, 0)),
-    });
-    const retirements = new Counter({
-      name: this.name('reader_retirements_total'),
-      help: 'Readers retired in this process after an empty claim (above minReaders).',
-      labelNames: queueLabel,
-      registers,
-      collect: zeroKnown((queue) => retirements.inc({ queue }, 0)),
+    metrics.addListener({
+      completed: (e) => {
+        if (this.closed) return;
+        zeroHistograms(e.queue);
+        duration.observe({ queue: e.queue }, e.claimToDoneMs / 1000);
+        latency.observe({ queue: e.queue }, e.enqueueToDoneMs / 1000);
+      },
     });
 
     new Gauge({
@@ -345,38 +362,5 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
         }
       },
     });
-
-    const listener: QueueEventListener = {
-      claimed: (e) => {
-        if (this.closed) return;
-        claims.inc({ queue: e.queue, result: 'jobs' });
-        claimed.inc({ queue: e.queue }, e.count);
-      },
-      emptyClaim: (e) => {
-        if (!this.closed) claims.inc({ queue: e.queue, result: 'empty' });
-      },
-      completed: (e) => {
-        if (this.closed) return;
-        zeroHistograms(e.queue);
-        completed.inc({ queue: e.queue });
-        duration.observe({ queue: e.queue }, e.claimToDoneMs / 1000);
-        latency.observe({ queue: e.queue }, e.enqueueToDoneMs / 1000);
-      },
-      failed: (e) => {
-        if (!this.closed) failed.inc({ queue: e.queue, result: e.dead ? 'dead' : 'retry' });
-      },
-      lostOwnership: (e) => {
-        if (!this.closed) lost.inc({ queue: e.queue, during: e.during });
-      },
-      abandoned: (e) => {
-        if (!this.closed) abandoned.inc({ queue: e.queue });
-      },
-      readersChanged: (e) => {
-        if (this.closed) return;
-        if (e.reason === 'activation') activations.inc({ queue: e.queue });
-        else if (e.reason === 'retire') retirements.inc({ queue: e.queue });
-      },
-    };
-    metrics.addListener(listener);
   }
 }

@@ -24,7 +24,7 @@ import type {
   QueueStats,
   ReapedJob,
 } from '../../core/types.js';
-import { assertSchemaName } from '../../core/validation.js';
+import { assertSchemaName, INT_MAX } from '../../core/validation.js';
 import { withTimeout } from '../../core/timeout.js';
 import { isLockConflict, isTransientMssqlError } from './mssql.errors.js';
 import { assertMssqlSchemaName } from './mssql.identifiers.js';
@@ -46,7 +46,6 @@ const MIGRATION_LOCK_TIMEOUT_MS = 120_000;
 const IDEMPOTENT_ENQUEUE_ROUNDS = 3;
 /** THROW number raised by the claim when it finds an open transaction. */
 const CLAIM_IN_TRANSACTION = 51001;
-const INT_MAX = 2_147_483_647;
 /** Offsets are split into int seconds by the SQL, so this is the largest that fits (~68 years). */
 const MAX_OFFSET_MS = INT_MAX * 1000;
 
