@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { SqlQueueConfigError, SqlQueueValidationError } from '../../lib/src/core/errors.js';
 import { resolveConsumerOptions, resolveQueueOptions, validateQueueMap } from '../../lib/src/core/options.js';
 import { assertSchemaName, prepareJob } from '../../lib/src/core/validation.js';
+import { createQueueStore } from '../../lib/src/store/create-store.js';
 import { assertMssqlSchemaName } from '../../lib/src/store/mssql/mssql.identifiers.js';
 import { resolveModuleOptions } from '../../lib/src/nest/sql-queue.options.js';
 
@@ -75,6 +76,16 @@ describe('identifiers', () => {
 
   it.each(['x"; DROP TABLE jobs; --', 'a.b', 'a]b', '1abc', '', 'é', 'a'.repeat(64)])('refuses schema %j', (name) => {
     expect(() => assertSchemaName(name)).toThrow(SqlQueueConfigError);
+  });
+
+  it('refuses a bad pool size or read timeout before connecting', async () => {
+    const connection = { dialect: 'postgres' as const, url: 'postgres://nobody@127.0.0.1:1/none' };
+    await expect(createQueueStore({ ...connection, poolSize: 0 }, { schema: 'sq' })).rejects.toThrow(
+      /connection\.poolSize must be an integer from 1/,
+    );
+    await expect(createQueueStore({ ...connection, queryTimeoutMs: -1 }, { schema: 'sq' })).rejects.toThrow(
+      /connection\.queryTimeoutMs must be an integer from 1/,
+    );
   });
 
   it('refuses T-SQL reserved keywords as SQL Server schema names, whatever their case', () => {

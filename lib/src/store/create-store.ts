@@ -7,7 +7,8 @@ import { assertSchemaName, describe } from '../core/validation.js';
 
 /** Where the queue lives. The drivers are optional peers: only the chosen one is loaded. */
 export type SqlQueueConnection =
-  | { dialect: 'postgres'; url: string; poolSize?: number }
+  /** `queryTimeoutMs` (default 60 s) fails a statement stuck on a silently dead connection. */
+  | { dialect: 'postgres'; url: string; poolSize?: number; queryTimeoutMs?: number }
   | { dialect: 'postgres'; pglite: PGlite }
   | { dialect: 'mssql'; url: string; poolSize?: number }
   | { dialect: 'mssql'; config: sql.config }
@@ -46,8 +47,11 @@ export async function createQueueStore(
     }
     const { createPostgresStore } = await loadDriver('pg', () => import('./postgres/postgres.connect.js'));
     if ('pool' in connection) return createPostgresStore({ pool: connection.pool as pg.Pool }, options);
-    if ('url' in connection)
-      return createPostgresStore({ url: connection.url, poolSize: connection.poolSize }, options);
+    if ('url' in connection) {
+      const { url, poolSize } = connection;
+      const queryTimeoutMs = 'queryTimeoutMs' in connection ? connection.queryTimeoutMs : undefined;
+      return createPostgresStore({ url, poolSize, queryTimeoutMs }, options);
+    }
     throw new SqlQueueConfigError("a postgres connection needs 'url', 'pool' or 'pglite'");
   }
   const { createMssqlStore } = await loadDriver('mssql', () => import('./mssql/mssql.connect.js'));

@@ -1,6 +1,7 @@
 import type { PGlite } from '@electric-sql/pglite';
 import pg from 'pg';
 import { SqlQueueConfigError } from '../../core/errors.js';
+import { assertInteger, INT_MAX } from '../../core/validation.js';
 import { PGliteDriver, type PgDriver } from './postgres.driver.js';
 import { NodePgDriver } from './postgres.node-pg.js';
 import { PostgresQueueStore } from './postgres.store.js';
@@ -41,9 +42,11 @@ function createPgDriver(connection: PostgresConnection, onBackgroundError: (erro
       "connection.url must be a PostgreSQL URL ('postgres://user:password@host:5432/database')",
     );
   }
+  const poolSize = assertInteger('connection.poolSize', connection.poolSize ?? 10, 1, 1_000);
+  const queryTimeoutMs = assertInteger('connection.queryTimeoutMs', connection.queryTimeoutMs ?? 60_000, 1, INT_MAX);
   const pool = new pg.Pool({
     connectionString: connection.url,
-    max: connection.poolSize ?? 10,
+    max: poolSize,
     application_name: connection.applicationName ?? 'nestjs-sql-queue',
     connectionTimeoutMillis: 10_000,
     // A connection that silently died (half-open TCP after a network cut) must fail rather than
@@ -51,7 +54,7 @@ function createPgDriver(connection: PostgresConnection, onBackgroundError: (erro
     // statement, after which the pool discards the connection.
     keepAlive: true,
     keepAliveInitialDelayMillis: 10_000,
-    query_timeout: connection.queryTimeoutMs ?? 60_000,
+    query_timeout: queryTimeoutMs,
   });
   // An idle client that loses its connection emits 'error' on the pool; without a listener
   // Node would crash the process. The next query simply opens a new connection.
