@@ -522,7 +522,7 @@ describe('SqlQueueModule: running jobs', () => {
     class IdleHandler {
       async handle() {}
     }
-    const { app } = await boot({ schema, providers: [IdleHandler], module: { listeners: [listener] } });
+    await boot({ schema, providers: [IdleHandler], module: { listeners: [listener] } });
     const idleMs = 2_000;
     const startedAt = Date.now();
     await new Promise((resolve) => setTimeout(resolve, idleMs));
@@ -531,16 +531,34 @@ describe('SqlQueueModule: running jobs', () => {
     const bound = 5 + Math.ceil((elapsed - 300) / 200) + 1;
     expect(claims).toBeGreaterThan(3);
     expect(claims).toBeLessThanOrEqual(bound);
-    // A local enqueue wakes the idle reader at once instead of after its pause.
+  });
+
+  it('a local enqueue wakes an idle reader at once instead of after its pause', async () => {
+    let emptyClaims = 0;
+    const listener: QueueEventListener = { emptyClaim: (e) => e.queue === 'sleepy' && emptyClaims++ };
+    // Polling alone would find the job only after 60 s; the wait below gives up long before that.
+    @QueueHandler('sleepy', { minReaders: 1, maxReaders: 1, minPollMs: 60_000, maxPollMs: 60_000 })
+    class SleepyHandler {
+      async handle() {}
+    }
+    // Without NOTIFY, only the in-process path can wake the reader.
+    const { app } = await boot({
+      schema,
+      providers: [SleepyHandler],
+      module: { listeners: [listener], wakeups: { enabled: false } },
+    });
+    await waitFor(
+      () => emptyClaims,
+      (n) => n >= 1,
+      { what: 'the first empty claim, which starts the long pause' },
+    );
     const producer = app.get(QueueProducer);
-    const t0 = Date.now();
-    const { jobId } = await producer.enqueue('idle', {});
+    const { jobId } = await producer.enqueue('sleepy', {});
     await waitFor(
       () => producer.getJob(jobId),
       (job) => job?.state === 'done',
-      { intervalMs: 5 },
+      { timeoutMs: 10_000, intervalMs: 5, what: 'the woken reader to run the job' },
     );
-    expect(Date.now() - t0).toBeLessThan(150);
   });
 
   it('grows readers while work waits and shrinks them once claims come back empty', async () => {

@@ -1,4 +1,4 @@
-import { afterAll, expect, it } from 'vitest';
+import { afterAll, it } from 'vitest';
 import { systemClock } from '../../lib/src/core/clock.js';
 import { SqlQueueConsumer } from '../../lib/src/core/consumer.js';
 import { silentLogger } from '../../lib/src/core/logger.js';
@@ -17,7 +17,7 @@ it('a producer on other connections wakes an idle consumer through LISTEN/NOTIFY
   const consumerStore = createPostgresStore({ url: PG_URL, poolSize: 3 }, { schema });
   const producerStore = createPostgresStore({ url: PG_URL, poolSize: 3 }, { schema });
   await consumerStore.migrate('auto');
-  const handledAt: number[] = [];
+  let handled = 0;
   let emptyClaims = 0;
   const consumerOptions = resolveConsumerOptions({});
   const consumer = new SqlQueueConsumer({
@@ -37,7 +37,7 @@ it('a producer on other connections wakes an idle consumer through LISTEN/NOTIFY
       { handler: { minReaders: 1, maxReaders: 1, minPollMs: 20_000, maxPollMs: 20_000 } },
       consumerOptions,
     ),
-    async () => void handledAt.push(Date.now()),
+    async () => void handled++,
   );
   const waker = new RemoteWaker(producerStore, 5, silentLogger);
   const producer = new QueueProducerCore(
@@ -55,14 +55,13 @@ it('a producer on other connections wakes an idle consumer through LISTEN/NOTIFY
       { what: 'the first empty claim' },
     );
     for (let round = 0; round < 3; round++) {
-      const sentAt = Date.now();
       await producer.enqueue('woken', { round });
+      // A quarter of the 20 s pause: only a wake-up can run the job in time.
       await waitFor(
-        () => handledAt.length,
+        () => handled,
         (n) => n > round,
         { timeoutMs: 5_000, what: `job ${round} to run` },
       );
-      expect(handledAt[round]! - sentAt).toBeLessThan(1_000);
     }
   } finally {
     waker.close();
