@@ -22,6 +22,13 @@ describe('enqueue arguments are checked before any SQL runs', () => {
     });
   });
 
+  it('accepts the text \\u0000 (an escaped backslash, no NUL) and non-ASCII payloads up to the byte limit', () => {
+    expect(prepareJob('q', { s: '\\u0000' }, {}, limits).payload).toBe('{"s":"\\\\u0000"}');
+    // 32 three-byte characters plus 8 bytes of JSON: 104 bytes, over 100; 30 of them fit.
+    expect(() => prepareJob('q', { s: '€'.repeat(32) }, {}, limits)).toThrow(/104 bytes of JSON/);
+    expect(prepareJob('q', { s: '€'.repeat(30) }, {}, limits).payload).toContain('€');
+  });
+
   it.each([
     ['a queue name with a space', () => prepareJob('a b', {}, {}, limits), /queue name 'a b' is invalid/],
     ['a queue name with a quote', () => prepareJob("x'--", {}, {}, limits), /queue name/],
@@ -31,6 +38,12 @@ describe('enqueue arguments are checked before any SQL runs', () => {
       'a payload over the size limit',
       () => prepareJob('q', 'x'.repeat(200), {}, limits),
       /202 bytes of JSON, over the limit of 100/,
+    ],
+    ['a payload with U+0000', () => prepareJob('q', { s: 'a\u0000' }, {}, limits), /contains the character U\+0000/],
+    [
+      'a payload key with U+0000 after an escaped backslash',
+      () => prepareJob('q', { ['\\\u0000']: 1 }, {}, limits),
+      /contains the character U\+0000/,
     ],
     ['a negative delay', () => prepareJob('q', {}, { delayMs: -1 }, limits), /delayMs must be an integer from 0/],
     ['a fractional delay', () => prepareJob('q', {}, { delayMs: 1.5 }, limits), /delayMs/],

@@ -150,6 +150,9 @@ function optionalKey(name: string, value: unknown, queue: string, at: string): s
   return value;
 }
 
+/** A \u0000 escape in JSON text: preceded by an even number of backslashes (none escaped it). */
+const NUL_ESCAPE = /(?:^|[^\\])(?:\\\\)*\\u0000/;
+
 function serializePayload(payload: unknown, maxBytes: number, queue: string, at: string): string {
   let json: string | undefined;
   try {
@@ -164,10 +167,20 @@ function serializePayload(payload: unknown, maxBytes: number, queue: string, at:
       `enqueue to '${queue}'${at}: payload is not JSON-serializable (got ${typeof payload})`,
     );
   }
-  const bytes = Buffer.byteLength(json, 'utf8');
-  if (bytes > maxBytes) {
+  // A UTF-16 code unit is at most 3 UTF-8 bytes: most payloads are under the limit without counting.
+  if (json.length * 3 > maxBytes) {
+    const bytes = Buffer.byteLength(json, 'utf8');
+    if (bytes > maxBytes) {
+      throw new SqlQueueValidationError(
+        `enqueue to '${queue}'${at}: payload is ${bytes} bytes of JSON, over the limit of ${maxBytes} (store large documents elsewhere and enqueue a reference)`,
+      );
+    }
+  }
+  // PostgreSQL's jsonb cannot hold U+0000; refusing it here keeps both dialects alike and the
+  // whole batch intact, instead of a database error after the call started.
+  if (json.includes('\\u0000') && NUL_ESCAPE.test(json)) {
     throw new SqlQueueValidationError(
-      `enqueue to '${queue}'${at}: payload is ${bytes} bytes of JSON, over the limit of ${maxBytes} (store large documents elsewhere and enqueue a reference)`,
+      `enqueue to '${queue}'${at}: payload contains the character U+0000, which PostgreSQL's jsonb cannot store`,
     );
   }
   return json;
