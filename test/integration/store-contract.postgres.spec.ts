@@ -1,6 +1,8 @@
 import pg from 'pg';
+import { expect, it } from 'vitest';
+import { prepareJob } from '../../lib/src/core/validation.js';
 import { createPostgresStore } from '../../lib/src/store/postgres/postgres.connect.js';
-import { dropPgSchema, PG_URL, sql } from '../helpers/databases.js';
+import { dropPgSchema, PG_URL, sql, uniqueSchema } from '../helpers/databases.js';
 import { describeStoreContract } from './store-contract.js';
 
 describeStoreContract({
@@ -30,3 +32,27 @@ describeStoreContract({
     ]);
   },
 });
+
+it('postgres: a uniform batch over the JSON-document bound (64M characters) is stored whole and in order', async () => {
+  const schema = uniqueSchema('pgbulklarge');
+  const store = await createPostgresStore({ url: PG_URL, poolSize: 1 }, { schema });
+  try {
+    await store.migrate('auto');
+    const limits = { maxPayloadBytes: 64 * 1024 * 1024, defaultMaxAttempts: 3 };
+    // 3 × 22M characters: over the 64M-character document bound, each job under the byte limit.
+    const jobs = ['a', 'b', 'c'].map((letter) => prepareJob('large', letter.repeat(22 * 1024 * 1024), {}, limits));
+    const results = await store.enqueue(jobs);
+    expect(results.map((r) => r.created)).toEqual([true, true, true]);
+    const ids = results.map((r) => BigInt(r.jobId));
+    expect(ids[0]! < ids[1]! && ids[1]! < ids[2]!).toBe(true);
+    const [row] = await sql<{ first: string; len: number }>(
+      PG_URL,
+      `SELECT left(payload #>> '{}', 1) AS first, length(payload #>> '{}') AS len FROM "${schema}".jobs WHERE id = $1`,
+      [results[1]!.jobId],
+    );
+    expect(row).toEqual({ first: 'b', len: 22 * 1024 * 1024 });
+  } finally {
+    await store.close();
+    await dropPgSchema(schema);
+  }
+}, 60_000);

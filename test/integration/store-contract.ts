@@ -161,9 +161,12 @@ export function describeStoreContract(target: StoreTarget): void {
         const results = await store.enqueue(jobs);
         expect(results).toHaveLength(10_000);
         expect(results.every((r) => r.created)).toBe(true);
-        expect(new Set(results.map((r) => r.jobId)).size).toBe(10_000);
-        const probe = await store.getJob(results[1234]!.jobId);
-        expect(probe!.payload).toEqual({ i: 1234 });
+        // Ids rise in input order (FIFO among equal priorities), each mapped to its own input.
+        const ids = results.map((r) => BigInt(r.jobId));
+        expect(ids.every((id, i) => i === 0 || id > ids[i - 1]!)).toBe(true);
+        for (const i of [0, 1234, 9_999]) {
+          expect((await store.getJob(results[i]!.jobId))!.payload).toEqual({ i });
+        }
         const stats = await store.stats(queue);
         expect(stats.ready).toBe(10_000);
       });

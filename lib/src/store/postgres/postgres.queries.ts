@@ -4,8 +4,9 @@ import { quotePgIdentifier } from './postgres.identifiers.js';
  * PostgreSQL statements, one function each. Values are always bound parameters; the only
  * text spliced in is the schema name, validated at boot and quoted here.
  *
- * Batches travel in one round trip: as typed arrays expanded with unnest (bulk enqueue) or as
- * one jsonb parameter expanded with jsonb_to_recordset; the same text for node-postgres and PGlite.
+ * Batches travel in one round trip: as typed arrays expanded with unnest (bulk enqueue), or as
+ * one jsonb parameter expanded with jsonb_array_elements (uniform bulk enqueue) or
+ * jsonb_to_recordset; the same text for node-postgres and PGlite.
  *
  * Times come from the database clock (now()). In autocommit, now() is the statement's time.
  */
@@ -73,11 +74,12 @@ FROM input LEFT JOIN inserted ON inserted.id = input.id
 ORDER BY input.ord`,
 
     // The common bulk case: no idempotency keys and the same options for every job, so only
-    // the payloads travel as an array ($2); the rest are scalars ($3 priority, $4 run_at,
+    // the payloads travel, as one JSON array ($2); the rest are scalars ($3 priority, $4 run_at,
     // $5 delay_ms, $6 group_key, $7 max_attempts). Every row is inserted (no conflict target),
     // so the ids drawn in input order are the answer.
     enqueueManyUniform: `WITH input AS MATERIALIZED (
-  SELECT p AS payload, ord, nextval('${jobIdSeq}') AS id FROM unnest($2::jsonb[]) WITH ORDINALITY AS t(p, ord)
+  SELECT p AS payload, ord, nextval('${jobIdSeq}') AS id
+  FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS t(p, ord)
 ), inserted AS (
   INSERT INTO ${jobs} (id, queue, state, payload, priority, run_at, group_key, max_attempts)
   SELECT id, $1, 'ready', payload, $3, COALESCE($4::timestamptz, now() + $5::float8 * interval '1 millisecond'), $6, $7

@@ -378,14 +378,25 @@ export class PostgresQueueStore implements QueueStore {
 }
 
 /**
+ * Payload characters above which a uniform batch goes through the general statement: the
+ * document form must stay under jsonb's 256 MB limit (a character is at most 3 UTF-8 bytes).
+ */
+const UNIFORM_DOCUMENT_MAX_CHARS = 64 * 1024 * 1024;
+
+/**
  * Parameters of the uniform bulk statement when it applies: one queue, no idempotency keys,
  * and the same priority, run-at, delay, group and max attempts for every job; else null.
+ * The payloads travel as one JSON array: joining the already serialized payloads costs
+ * nothing, where a jsonb[] parameter is escaped element by element on both sides.
  */
 function uniformParams(jobs: readonly NewJob[]): unknown[] | null {
   const first = jobs[0]!;
   const runAt = first.runAt?.getTime() ?? null;
+  let chars = 0;
   for (const job of jobs) {
+    chars += job.payload.length;
     if (
+      chars > UNIFORM_DOCUMENT_MAX_CHARS ||
       job.idempotencyKey !== null ||
       job.queue !== first.queue ||
       job.priority !== first.priority ||
@@ -399,7 +410,7 @@ function uniformParams(jobs: readonly NewJob[]): unknown[] | null {
   }
   return [
     first.queue,
-    jobs.map((job) => job.payload),
+    `[${jobs.map((job) => job.payload).join(',')}]`,
     first.priority,
     first.runAt?.toISOString() ?? null,
     first.delayMs,
