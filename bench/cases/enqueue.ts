@@ -29,53 +29,63 @@ export async function enqueueCase(target: Target, scale: number): Promise<Result
       300_000,
       (async () => {
         const sequential = Math.round(2_000 * scale);
-        const rawSequential = await raw?.singleInserts(sequential, 1);
-        let started = performance.now();
-        for (let i = 0; i < sequential; i++) await producer.enqueue('seq', payload(i));
+        const seq = await alternate(
+          raw && ((n) => raw.singleInserts(n, 1)),
+          async (n) => {
+            const started = performance.now();
+            for (let i = 0; i < n; i++) await producer.enqueue('seq', payload(i));
+            return perSecond(n, performance.now() - started);
+          },
+          sequential,
+        );
         results.push({
           case: 'enqueue',
           variant: `sequential (1 producer)${label}`,
-          value: perSecond(sequential, performance.now() - started),
+          value: seq.ours,
           unit: 'jobs/s',
-          ...(rawSequential ? { reference: { name: 'raw single INSERT, 1 client', value: rawSequential } } : {}),
+          ...(seq.reference ? { reference: { name: 'raw single INSERT, 1 client', value: seq.reference } } : {}),
         });
 
-        const half = Math.round(8_000 * scale);
-        // Alternate runs so a slow moment of the machine does not land on one side only.
-        const rawA = await raw?.singleInserts(half, 16);
-        started = performance.now();
-        await runConcurrently(16, half, async (i) => void (await producer.enqueue('conc', payload(i))));
-        const oursA = perSecond(half, performance.now() - started);
-        const rawB = await raw?.singleInserts(half, 16);
-        started = performance.now();
-        await runConcurrently(16, half, async (i) => void (await producer.enqueue('conc', payload(i))));
-        const oursB = perSecond(half, performance.now() - started);
+        const concurrent = await alternate(
+          raw && ((n) => raw.singleInserts(n, 16)),
+          async (n) => {
+            const started = performance.now();
+            await runConcurrently(16, n, async (i) => void (await producer.enqueue('conc', payload(i))));
+            return perSecond(n, performance.now() - started);
+          },
+          Math.round(16_000 * scale),
+        );
         results.push({
           case: 'enqueue',
           variant: `16 concurrent producers${label}`,
-          value: Math.round((oursA + oursB) / 2),
+          value: concurrent.ours,
           unit: 'jobs/s',
-          ...(rawA && rawB
-            ? { reference: { name: 'raw single INSERT, 16 clients', value: Math.round((rawA + rawB) / 2) } }
+          ...(concurrent.reference
+            ? { reference: { name: 'raw single INSERT, 16 clients', value: concurrent.reference } }
             : {}),
           target: '>= 90% of reference',
         });
 
-        const bulk = Math.round(100_000 * scale);
-        const rawBulk = await raw?.bulkInserts(bulk, 1_000);
-        started = performance.now();
-        for (let done = 0; done < bulk; done += 1_000) {
-          await producer.enqueueMany(
-            'bulk',
-            Array.from({ length: 1_000 }, (_, k) => ({ payload: payload(done + k) })),
-          );
-        }
+        const bulk = await alternate(
+          raw && ((n) => raw.bulkInserts(n, 1_000)),
+          async (n) => {
+            const started = performance.now();
+            for (let done = 0; done < n; done += 1_000) {
+              await producer.enqueueMany(
+                'bulk',
+                Array.from({ length: 1_000 }, (_, k) => ({ payload: payload(done + k) })),
+              );
+            }
+            return perSecond(n, performance.now() - started);
+          },
+          Math.round(100_000 * scale),
+        );
         results.push({
           case: 'enqueue',
           variant: `bulk, 1,000 per call${label}`,
-          value: perSecond(bulk, performance.now() - started),
+          value: bulk.ours,
           unit: 'jobs/s',
-          ...(rawBulk ? { reference: { name: 'raw INSERT of 1,000 rows', value: rawBulk } } : {}),
+          ...(bulk.reference ? { reference: { name: 'raw INSERT of 1,000 rows', value: bulk.reference } } : {}),
           target: '>= 90% of reference',
         });
       })(),
@@ -86,4 +96,23 @@ export async function enqueueCase(target: Target, scale: number): Promise<Result
     await dropSchema(target, schema);
   }
   return results;
+}
+
+/**
+ * Runs the reference and ours in alternating quarters of `total` jobs and averages each side's
+ * rate, so a slow moment of the machine (a checkpoint, autovacuum) does not land on one side only.
+ */
+async function alternate(
+  reference: ((jobs: number) => Promise<number>) | null,
+  ours: (jobs: number) => Promise<number>,
+  total: number,
+): Promise<{ ours: number; reference: number | null }> {
+  const quarter = Math.max(1_000, Math.round(total / 4 / 1_000) * 1_000);
+  const rates = { ours: [] as number[], reference: [] as number[] };
+  for (let round = 0; round < 4; round++) {
+    if (reference) rates.reference.push(await reference(quarter));
+    rates.ours.push(await ours(quarter));
+  }
+  const mean = (values: number[]) => Math.round(values.reduce((a, b) => a + b, 0) / values.length);
+  return { ours: mean(rates.ours), reference: reference ? mean(rates.reference) : null };
 }
