@@ -8,7 +8,7 @@ import { silentLogger } from '../lib/src/core/logger.js';
 import { resolveConsumerOptions, resolveQueueOptions, type QueueOptions } from '../lib/src/core/options.js';
 import { QueueProducerCore } from '../lib/src/core/producer.js';
 import type { QueueStore } from '../lib/src/core/queue-store.js';
-import { WakeBus } from '../lib/src/core/wake.js';
+import { DEFAULT_WAKE_INTERVAL_MS, RemoteWaker, WakeBus } from '../lib/src/core/wake.js';
 import { createQueueStore } from '../lib/src/store/create-store.js';
 import { mssqlConfigFromUrl } from '../lib/src/store/mssql/mssql.connect.js';
 import { mssqlDropSchema } from '../lib/src/store/mssql/mssql.migrations.js';
@@ -76,8 +76,10 @@ export async function openStore(target: Target | string, schema: string, poolSiz
   return store;
 }
 
+/** The producer as the module builds it by default: local wake-ups, and NOTIFY where the store has it. */
 export function producerFor(store: QueueStore, wakeBus = new WakeBus()): QueueProducerCore {
-  return new QueueProducerCore(store, { maxPayloadBytes: 1 << 20, maxAttemptsFor: () => 25 }, wakeBus, null);
+  const remoteWaker = store.notify ? new RemoteWaker(store, DEFAULT_WAKE_INTERVAL_MS, silentLogger) : null;
+  return new QueueProducerCore(store, { maxPayloadBytes: 1 << 20, maxAttemptsFor: () => 25 }, wakeBus, remoteWaker);
 }
 
 /** The engine exactly as the Nest consumer host builds it, minus Nest. */

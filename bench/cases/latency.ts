@@ -2,7 +2,7 @@ import { fork } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { silentLogger } from '../../lib/src/core/logger.js';
 import { QueueProducerCore } from '../../lib/src/core/producer.js';
-import { RemoteWaker, WakeBus } from '../../lib/src/core/wake.js';
+import { DEFAULT_WAKE_INTERVAL_MS, RemoteWaker, WakeBus } from '../../lib/src/core/wake.js';
 import { bounded, consumerFor, dropSchema, openStore, percentile, schemaName, type Result } from '../common.js';
 
 const RATE_PER_SECOND = 200;
@@ -107,7 +107,7 @@ async function crossProcess(url: string, seconds: number): Promise<Result[]> {
     store,
     { maxPayloadBytes: 1 << 20, maxAttemptsFor: () => 25 },
     new WakeBus(),
-    new RemoteWaker(store, 5, silentLogger),
+    new RemoteWaker(store, DEFAULT_WAKE_INTERVAL_MS, silentLogger),
   );
   const script = fileURLToPath(new URL('../latency-consumer.js', import.meta.url));
   const child = fork(script, [JSON.stringify({ url, schema, queue: 'latency' })], { stdio: 'inherit' });

@@ -1,5 +1,7 @@
+import { systemClock, type Clock } from './clock.js';
 import type { QueueLogger } from './logger.js';
 import type { QueueStore } from './queue-store.js';
+import { withTimeout } from './timeout.js';
 
 /** In-process wake-ups: an enqueue wakes this process's readers of that queue at once. */
 export class WakeBus {
@@ -21,50 +23,69 @@ export class WakeBus {
 }
 
 /**
+ * Default spacing of one queue's notifications: below the gap between jobs at a few hundred
+ * jobs/s (so a lone enqueue is never held back), and enough to keep bursts of single enqueues
+ * from spending a NOTIFY transaction on most jobs.
+ */
+export const DEFAULT_WAKE_INTERVAL_MS = 2;
+
+/** A wake-up notification that has not answered by then is abandoned (it is only a hint). */
+const NOTIFY_TIMEOUT_MS = 5_000;
+
+/**
  * Wakes readers in other processes through the store (PostgreSQL NOTIFY), outside any
- * producer transaction and coalesced: at most one notification per queue per `intervalMs`
- * (the first at once, one trailing for whatever arrived meanwhile). A NOTIFY inside every
- * enqueue transaction would serialize all producers' commits on the notification queue lock.
+ * producer transaction: a NOTIFY inside every enqueue transaction would serialize all
+ * producers' commits on the notification queue lock.
+ *
+ * Coalesced per queue, without adding latency to a lone enqueue: the first request is sent at
+ * once; requests while it is on its way are answered by one more notification after it (a
+ * job committed after a NOTIFY was sent may not be visible to the claim that NOTIFY causes).
+ * So a queue has at most one notification in flight, and at most one per `intervalMs` when
+ * that is set. Requests made before a waiting notification is sent ride on it.
  */
 export class RemoteWaker {
   private readonly lastSentAt = new Map<string, number>();
-  private readonly trailing = new Map<string, NodeJS.Timeout>();
-  private closed = false;
+  private readonly state = new Map<string, 'waiting' | 'sending'>();
+  private readonly again = new Set<string>();
+  private readonly closing = new AbortController();
 
   constructor(
     private readonly store: Pick<QueueStore, 'notify'>,
     private readonly intervalMs: number,
     private readonly logger: QueueLogger,
-    private readonly now: () => number = Date.now,
+    private readonly clock: Clock = systemClock,
   ) {}
 
   request(queue: string): void {
-    if (this.closed || !this.store.notify || this.trailing.has(queue)) return;
-    const since = this.now() - (this.lastSentAt.get(queue) ?? -Infinity);
-    if (since >= this.intervalMs) {
-      this.send(queue);
+    if (this.closing.signal.aborted || !this.store.notify) return;
+    const state = this.state.get(queue);
+    if (state === 'waiting') return;
+    if (state === 'sending') {
+      this.again.add(queue);
       return;
     }
-    const timer = setTimeout(() => {
-      this.trailing.delete(queue);
-      this.send(queue);
-    }, this.intervalMs - since);
-    timer.unref();
-    this.trailing.set(queue, timer);
+    void this.send(queue);
   }
 
-  private send(queue: string): void {
-    if (this.closed) return;
-    this.lastSentAt.set(queue, this.now());
-    this.store.notify!(queue).catch((error: Error) => {
+  private async send(queue: string): Promise<void> {
+    this.state.set(queue, 'waiting');
+    const wait = (this.lastSentAt.get(queue) ?? -Infinity) + this.intervalMs - this.clock.now();
+    if (wait > 0) await this.clock.sleep(wait, this.closing.signal);
+    if (this.closing.signal.aborted) return;
+    this.state.set(queue, 'sending');
+    this.lastSentAt.set(queue, this.clock.now());
+    try {
+      await withTimeout(this.store.notify!(queue), NOTIFY_TIMEOUT_MS, `wake-up notification for queue '${queue}'`);
+    } catch (error) {
       // Only a hint: readers elsewhere still poll, so a lost wake-up costs latency, not jobs.
-      this.logger.debug?.(`wake-up notification for queue '${queue}' failed: ${error.message}`);
-    });
+      this.logger.debug?.(`wake-up notification for queue '${queue}' failed: ${(error as Error).message}`);
+    }
+    this.state.delete(queue);
+    if (this.again.delete(queue)) this.request(queue);
   }
 
   close(): void {
-    this.closed = true;
-    for (const timer of this.trailing.values()) clearTimeout(timer);
-    this.trailing.clear();
+    this.closing.abort();
+    this.again.clear();
   }
 }

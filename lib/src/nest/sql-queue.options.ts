@@ -23,6 +23,7 @@ import {
   DEFAULT_MAX_PAYLOAD_BYTES,
   describe,
 } from '../core/validation.js';
+import { DEFAULT_WAKE_INTERVAL_MS } from '../core/wake.js';
 import type { SqlQueueConnection } from '../store/create-store.js';
 
 /** Options of `SqlQueueModule.forRoot()` / `forRootAsync()`. */
@@ -110,7 +111,7 @@ export function resolveModuleOptions(raw: SqlQueueModuleOptions): ResolvedModule
     ),
     wakeups: {
       enabled: assertBoolean('wakeups.enabled', wakeups.enabled ?? true),
-      intervalMs: assertInteger('wakeups.intervalMs', wakeups.intervalMs ?? 5, 0, 60_000),
+      intervalMs: assertInteger('wakeups.intervalMs', wakeups.intervalMs ?? DEFAULT_WAKE_INTERVAL_MS, 0, 60_000),
     },
     listeners: [...(raw.listeners ?? [])],
     metrics: resolveMetricsOptions(raw.metrics),
