@@ -49,3 +49,27 @@ describe('every T-SQL batch the SQL Server store emits parses as T-SQL', () => {
     expect(checkTsqlWithKnownGaps(broken).errors).not.toEqual([]);
   });
 });
+
+describe('isolation of the statements the SQL Server store runs on its own', () => {
+  // A pooled connection keeps the isolation level its last transaction set (the driver never
+  // resets it); READPAST fails with error 650 at SNAPSHOT or SERIALIZABLE.
+  const queries = mssqlQueries('sqlqueue');
+  const inCallerTransaction = new Set(['enqueueOne', 'enqueueMany']);
+
+  it.each(
+    Object.entries(queries).filter(
+      ([name, text]) => !inCallerTransaction.has(name) && /READPAST|UPDATE|DELETE/.test(text),
+    ),
+  )('%s sets READ COMMITTED before it reads or writes', (_name, text) => {
+    const set = text.indexOf('SET TRANSACTION ISOLATION LEVEL READ COMMITTED;');
+    expect(set).toBeGreaterThanOrEqual(0);
+    const firstWork = text.search(/\b(SELECT|UPDATE|DELETE|INSERT|WITH)\b/);
+    expect(set).toBeLessThan(firstWork);
+  });
+
+  it('enqueue statements leave the caller transaction’s isolation level alone', () => {
+    for (const name of inCallerTransaction) {
+      expect(queries[name as keyof typeof queries]).not.toMatch(/SET TRANSACTION ISOLATION LEVEL/);
+    }
+  });
+});

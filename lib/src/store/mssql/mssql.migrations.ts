@@ -182,15 +182,35 @@ export function mssqlRecordVersion(schema: string): string {
  * for uninstalling, and for tests and benchmarks that each work in a schema of their own.
  */
 export function mssqlDropSchema(): string {
-  return `DECLARE @statement nvarchar(max) = N'';
-SELECT @statement += N'DROP TABLE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(name) + N'; '
-FROM sys.tables WHERE schema_id = SCHEMA_ID(@schema) ORDER BY CASE name WHEN N'Attempts' THEN 0 ELSE 1 END;
-SELECT @statement += N'DROP SEQUENCE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(name) + N'; '
-FROM sys.sequences WHERE schema_id = SCHEMA_ID(@schema);
-SELECT @statement += N'DROP TYPE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(name) + N'; '
-FROM sys.types WHERE is_user_defined = 1 AND schema_id = SCHEMA_ID(@schema);
-IF SCHEMA_ID(@schema) IS NOT NULL SET @statement += N'DROP SCHEMA ' + QUOTENAME(@schema) + N';';
-EXEC sys.sp_executesql @statement;`;
+  // One object per round of the loop, chosen with TOP (1) … ORDER BY: a table that another
+  // table's foreign key references goes after that table. (Concatenating into a variable with
+  // an ORDER BY is undocumented behaviour, and STRING_AGG needs SQL Server 2017.) XACT_ABORT
+  // ends the batch on a failed DROP instead of looping on it.
+  return `SET XACT_ABORT ON;
+DECLARE @statement nvarchar(max);
+WHILE 1 = 1
+BEGIN
+  SET @statement = NULL;
+  SELECT TOP (1) @statement = N'DROP TABLE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(t.name) + N';'
+  FROM sys.tables AS t
+  WHERE t.schema_id = SCHEMA_ID(@schema)
+  ORDER BY CASE WHEN EXISTS (
+    SELECT 1 FROM sys.foreign_keys AS fk WHERE fk.referenced_object_id = t.object_id AND fk.parent_object_id <> t.object_id
+  ) THEN 1 ELSE 0 END, t.name;
+  IF @statement IS NULL
+    SELECT TOP (1) @statement = N'DROP SEQUENCE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(name) + N';'
+    FROM sys.sequences WHERE schema_id = SCHEMA_ID(@schema) ORDER BY name;
+  IF @statement IS NULL
+    SELECT TOP (1) @statement = N'DROP TYPE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(name) + N';'
+    FROM sys.types WHERE is_user_defined = 1 AND schema_id = SCHEMA_ID(@schema) ORDER BY name;
+  IF @statement IS NULL BREAK;
+  EXEC sys.sp_executesql @statement;
+END;
+IF SCHEMA_ID(@schema) IS NOT NULL
+BEGIN
+  SET @statement = N'DROP SCHEMA ' + QUOTENAME(@schema) + N';';
+  EXEC sys.sp_executesql @statement;
+END;`;
 }
 
 /**
@@ -206,6 +226,9 @@ export function mssqlInstallScript(schema: string, fromVersion = 0): string {
     fromVersion >= MSSQL_LATEST_VERSION
       ? `-- nestjs-sql-queue schema for SQL Server, schema ${schema}: already at version ${MSSQL_LATEST_VERSION}, nothing to apply`
       : `-- nestjs-sql-queue schema for SQL Server, versions ${fromVersion + 1}..${MSSQL_LATEST_VERSION}, schema ${schema}`,
+    // A batch that fails to compile does not roll back under XACT_ABORT: only stopping at the
+    // first error (and so closing the connection) keeps the later batches from running.
+    '-- Run with `sqlcmd -I -b -i <this file>` (SSMS: SQLCMD mode with :on error exit).',
     ...[
       'ANSI_NULLS',
       'ANSI_PADDING',

@@ -63,6 +63,15 @@ const JOB_COLUMNS = `CAST([Id] AS varchar(20)) AS [Id], [Queue], [State], [Paylo
   [IdempotencyKey], [Attempts], [MaxAttempts], CAST([ClaimToken] AS char(36)) AS [ClaimToken], [LeaseUntil], [WorkerId],
   [CreatedAt], [ClaimedAt], [FinishedAt], [LastError]`;
 
+/**
+ * Opens every statement the store runs on its own (not enqueue, which may run in the caller's
+ * transaction). The driver never resets a pooled connection's isolation level, so one left at
+ * SNAPSHOT or SERIALIZABLE by a transaction on a shared pool (or by connectionIsolationLevel)
+ * would make every READPAST fail with error 650, and update conflicts raise instead of
+ * reporting lost ownership. Set inside sp_executesql, it reverts when the batch ends.
+ */
+const READ_COMMITTED = 'SET TRANSACTION ISOLATION LEVEL READ COMMITTED;\n';
+
 /** Wraps statements that must commit together (a state change and its attempt row). */
 function atomically(body: string): string {
   // XACT_ABORT makes a client timeout (attention) roll the transaction back instead of leaving
@@ -93,11 +102,11 @@ export function mssqlQueries(schema: string): MssqlQueries {
     enqueueOne: `DECLARE @inserted TABLE ([Id] bigint NOT NULL);
 ${reserveIds('1', sequence)}
 IF @idempotencyKey IS NULL
-  INSERT INTO ${jobs} ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
+  INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
   OUTPUT inserted.[Id] INTO @inserted ([Id])
   VALUES (@firstId, @queue, 'ready', @payload, @priority, COALESCE(@runAt, ${shiftedNow('@delayMs', 1)}), @groupKey, NULL, @maxAttempts);
 ELSE
-  INSERT INTO ${jobs} ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
+  INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
   OUTPUT inserted.[Id] INTO @inserted ([Id])
   SELECT @firstId, @queue, 'ready', @payload, @priority, COALESCE(@runAt, ${shiftedNow('@delayMs', 1)}), @groupKey, @idempotencyKey, @maxAttempts
   WHERE NOT EXISTS (
@@ -109,13 +118,16 @@ ELSE
   SELECT CAST([Id] AS varchar(20)) AS [Id], CAST(0 AS bit) AS [Created]
   FROM ${jobs} WHERE [Queue] = @queue AND [IdempotencyKey] = @idempotencyKey;`,
 
+    // ROWLOCK on both enqueue statements: READPAST skips locked rows but not locked pages, so
+    // a large insert in a caller's long transaction must not take page locks that claims and
+    // monitoring reads would then wait on (lock escalation is already off for the table).
     // @jobs JobInputList with Ord = 0..n-1. A range of ids is reserved first, so every input row
     // knows its id (first + Ord) whether or not it is inserted, and results come back in input
     // order. The first row of a key within the batch is the one inserted; later ones get its id.
     enqueueMany: `DECLARE @inserted TABLE ([Id] bigint NOT NULL PRIMARY KEY);
 DECLARE @count bigint = (SELECT COUNT_BIG(*) FROM @jobs);
 ${reserveIds('@count', sequence)}
-INSERT INTO ${jobs} ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
+INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
 OUTPUT inserted.[Id] INTO @inserted ([Id])
 SELECT @firstId + i.[Ord], i.[Queue], 'ready', i.[Payload], i.[Priority],
        COALESCE(i.[RunAt], DATEADD(millisecond, CAST(i.[DelayMs] % 1000 AS int), DATEADD(second, CAST(i.[DelayMs] / 1000 AS int), SYSUTCDATETIME()))),
@@ -140,8 +152,7 @@ ORDER BY i.[Ord];`,
     // OUTPUT goes INTO a table variable (allowed with triggers present); NEWID() per row.
     claim: `IF @@TRANCOUNT <> 0 OR (@@OPTIONS & 2) = 2
   THROW 51001, N'nestjs-sql-queue: claim must run in autocommit mode, outside any transaction', 1;
-SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
-DECLARE @claimed TABLE (
+${READ_COMMITTED}DECLARE @claimed TABLE (
   [Id] bigint NOT NULL, [Queue] nvarchar(128) NOT NULL, [Payload] nvarchar(max) NOT NULL, [Priority] int NOT NULL,
   [GroupKey] nvarchar(255) NULL, [IdempotencyKey] nvarchar(255) NULL, [Attempts] int NOT NULL, [MaxAttempts] int NOT NULL,
   [ClaimToken] uniqueidentifier NOT NULL, [CreatedAt] datetime2(3) NOT NULL, [ClaimedAt] datetime2(3) NOT NULL,
@@ -164,7 +175,7 @@ SELECT CAST([Id] AS varchar(20)) AS [Id], [Queue], [Payload], [Priority], [Group
 FROM @claimed;`,
 
     // @items HeartbeatList. The lease never runs past ClaimedAt + MaxMs.
-    heartbeat: `DECLARE @extended TABLE ([Id] bigint NOT NULL PRIMARY KEY, [LeaseUntil] datetime2(3) NOT NULL);
+    heartbeat: `${READ_COMMITTED}DECLARE @extended TABLE ([Id] bigint NOT NULL PRIMARY KEY, [LeaseUntil] datetime2(3) NOT NULL);
 UPDATE j
 SET [LeaseUntil] = CASE
     WHEN i.[MaxMs] IS NULL OR DATEADD(millisecond, i.[LeaseMs], SYSUTCDATETIME()) < DATEADD(millisecond, i.[MaxMs], j.[ClaimedAt])
@@ -179,7 +190,7 @@ FROM @items AS i LEFT JOIN @extended AS e ON e.[Id] = i.[Id];`,
 
     // @items OwnedJobList. The token stays on the done row, so a retried completion whose first
     // reply was lost is recognised ('already') instead of reported as lost.
-    complete: `DECLARE @completed TABLE ([Id] bigint NOT NULL PRIMARY KEY);
+    complete: `${READ_COMMITTED}DECLARE @completed TABLE ([Id] bigint NOT NULL PRIMARY KEY);
 UPDATE j
 SET [State] = 'done', [FinishedAt] = SYSUTCDATETIME(), [LeaseUntil] = NULL
 OUTPUT inserted.[Id] INTO @completed ([Id])
@@ -193,7 +204,7 @@ SELECT CAST(i.[Id] AS varchar(20)) AS [Id],
 FROM @items AS i LEFT JOIN @completed AS c ON c.[Id] = i.[Id];`,
 
     // @items FailureList. The state change and its attempt row commit together.
-    fail: `DECLARE @failed TABLE (
+    fail: `${READ_COMMITTED}DECLARE @failed TABLE (
   [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) NOT NULL, [State] varchar(8) NOT NULL, [Attempt] int NOT NULL,
   [ClaimedAt] datetime2(3) NULL, [Token] uniqueidentifier NOT NULL);
 ${atomically(`  UPDATE j
@@ -217,7 +228,7 @@ SELECT CAST(i.[Id] AS varchar(20)) AS [Id], f.[State],
 FROM @items AS i LEFT JOIN @failed AS f ON f.[Id] = i.[Id];`,
 
     // @items OwnedJobList: leased but never started; the claim's attempt is given back.
-    release: `DECLARE @released TABLE ([Id] bigint NOT NULL PRIMARY KEY);
+    release: `${READ_COMMITTED}DECLARE @released TABLE ([Id] bigint NOT NULL PRIMARY KEY);
 UPDATE j
 SET [State] = 'ready', [Attempts] = CASE WHEN j.[Attempts] > 0 THEN j.[Attempts] - 1 ELSE 0 END, [ClaimToken] = NULL,
     [LeaseUntil] = NULL, [ClaimedAt] = NULL, [WorkerId] = NULL
@@ -231,7 +242,7 @@ FROM @items AS i LEFT JOIN @released AS r ON r.[Id] = i.[Id];`,
     // @batch. One conditional statement: lock expired leases (skipping rows another reaper
     // holds; the locking read re-checks the predicate), void the token, record the attempt.
     // RunAt is kept: the job keeps its place, and its waiting age keeps counting.
-    reap: `DECLARE @reaped TABLE (
+    reap: `${READ_COMMITTED}DECLARE @reaped TABLE (
   [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) NOT NULL, [State] varchar(8) NOT NULL, [Attempt] int NOT NULL,
   [Token] uniqueidentifier NULL, [WorkerId] nvarchar(255) NULL, [ClaimedAt] datetime2(3) NULL, [LastError] nvarchar(max) NULL);
 ${atomically(`  WITH expired AS (
@@ -253,7 +264,7 @@ ${atomically(`  WITH expired AS (
   FROM @reaped;`)}
 SELECT CAST([Id] AS varchar(20)) AS [Id], [Queue], [State], [Attempt] FROM @reaped;`,
 
-    hasClaimableWork: `SELECT CAST(CASE WHEN EXISTS (
+    hasClaimableWork: `${READ_COMMITTED}SELECT CAST(CASE WHEN EXISTS (
   SELECT 1 FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
   WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= SYSUTCDATETIME()
 ) THEN 1 ELSE 0 END AS bit) AS [HasWork];`,
@@ -261,7 +272,7 @@ SELECT CAST([Id] AS varchar(20)) AS [Id], [Queue], [State], [Attempt] FROM @reap
     // Each figure reads one filtered index, so the cost follows live rows, not history.
     // READPAST: a monitoring read must never queue behind a producer's open transaction (as
     // PostgreSQL's MVCC reads never do); rows locked at that instant are simply not counted.
-    stats: `DECLARE @now datetime2(3) = SYSUTCDATETIME();
+    stats: `${READ_COMMITTED}DECLARE @now datetime2(3) = SYSUTCDATETIME();
 SELECT
   (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= @now) AS [Ready],
   (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] > @now) AS [Delayed],
@@ -289,7 +300,7 @@ WHERE j.[Queue] = @queue AND j.[State] = 'dead' AND j.[Id] > ISNULL(@afterId, 0)
 ORDER BY j.[Id];`,
 
     // @queue, @ids IdList
-    retryDead: `DECLARE @retried TABLE ([Id] bigint NOT NULL PRIMARY KEY);
+    retryDead: `${READ_COMMITTED}DECLARE @retried TABLE ([Id] bigint NOT NULL PRIMARY KEY);
 UPDATE j
 SET [State] = 'ready', [Attempts] = 0, [RunAt] = SYSUTCDATETIME(), [FinishedAt] = NULL, [ClaimToken] = NULL
 OUTPUT inserted.[Id] INTO @retried ([Id])
@@ -297,7 +308,7 @@ FROM ${jobs} AS j INNER JOIN @ids AS i ON i.[Id] = j.[Id]
 WHERE j.[Queue] = @queue AND j.[State] = 'dead';
 SELECT CAST([Id] AS varchar(20)) AS [Id] FROM @retried;`,
 
-    retryAllDead: `DECLARE @retried TABLE ([Id] bigint NOT NULL PRIMARY KEY);
+    retryAllDead: `${READ_COMMITTED}DECLARE @retried TABLE ([Id] bigint NOT NULL PRIMARY KEY);
 UPDATE ${jobs}
 SET [State] = 'ready', [Attempts] = 0, [RunAt] = SYSUTCDATETIME(), [FinishedAt] = NULL, [ClaimToken] = NULL
 OUTPUT inserted.[Id] INTO @retried ([Id])
@@ -305,12 +316,12 @@ WHERE [Queue] = @queue AND [State] = 'dead';
 SELECT CAST([Id] AS varchar(20)) AS [Id] FROM @retried;`,
 
     // @queue, @olderThanMs bigint (0 for all), @batch
-    purgeDead: `DELETE TOP (@batch) FROM ${jobs}
+    purgeDead: `${READ_COMMITTED}DELETE TOP (@batch) FROM ${jobs}
 WHERE [Queue] = @queue AND [State] = 'dead' AND [FinishedAt] <= ${shiftedNow('@olderThanMs', -1)};
 SELECT @@ROWCOUNT AS [Deleted];`,
 
     // @doneMs, @keyMs, @deadMs (null: keep dead jobs), @batch; all bigint milliseconds
-    cleanup: `DECLARE @deleted int = 0;
+    cleanup: `${READ_COMMITTED}DECLARE @deleted int = 0;
 DELETE TOP (@batch) FROM ${jobs}
 WHERE [State] = 'done' AND [FinishedAt] < ${shiftedNow('@doneMs', -1)}
   AND ([IdempotencyKey] IS NULL OR [FinishedAt] < ${shiftedNow('@keyMs', -1)});
@@ -335,7 +346,7 @@ SELECT @deleted AS [Deleted];`,
     // range seek on it. READPAST, as in stats: a monitoring read never queues behind a
     // producer's open transaction; rows locked at that instant are simply not counted.
     // Failures: a ready job has failed [Attempts] times, a leased one [Attempts] - 1 times.
-    queueHealth: `DECLARE @now datetime2(3) = SYSUTCDATETIME();
+    queueHealth: `${READ_COMMITTED}DECLARE @now datetime2(3) = SYSUTCDATETIME();
 DECLARE @since datetime2(3) = DATEADD(millisecond, -CAST(@windowMs % 1000 AS int), DATEADD(second, -CAST(@windowMs / 1000 AS int), @now));
 DECLARE @ready TABLE (
   [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY, [Ready] bigint NOT NULL,
