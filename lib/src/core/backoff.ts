@@ -22,8 +22,13 @@ export function retryDelayFor(
   const backoff = option ?? DEFAULT_BACKOFF;
   if (typeof backoff === 'function') {
     return (attempt, error) => {
-      const value = backoff(attempt, error);
-      // A custom policy that returns garbage must not lose the job: fall back to the default.
+      let value: number;
+      try {
+        value = backoff(attempt, error);
+      } catch {
+        value = Number.NaN;
+      }
+      // A custom policy that throws or returns garbage must not lose the job: fall back to the default.
       return Number.isFinite(value) && value >= 0
         ? Math.min(Math.round(value), MAX_DELAY_MS)
         : defaultDelay(attempt, random);

@@ -4,7 +4,10 @@ import { SqlQueueConfigError } from './errors.js';
 import type { JobHandler } from './handler.js';
 import type { ResolvedQueueOptions } from './options.js';
 import { QueueConsumer, type QueueConsumerDeps, type QueueConsumerSnapshot } from './queue-consumer.js';
+import { settleWithin } from './timeout.js';
 import type { WakeBus } from './wake.js';
+
+const UNLISTEN_TIMEOUT_MS = 5_000;
 
 export interface ConsumerDeps extends QueueConsumerDeps {
   wakeBus: WakeBus;
@@ -32,6 +35,7 @@ export class SqlQueueConsumer {
   private readonly unsubscribes: (() => void)[] = [];
   private stopListening: (() => Promise<void>) | null = null;
   private state: 'idle' | 'running' | 'stopping' | 'stopped' = 'idle';
+  private stopped: Promise<void> | null = null;
   private startedAt: number | null = null;
 
   constructor(private readonly deps: ConsumerDeps) {}
@@ -62,6 +66,11 @@ export class SqlQueueConsumer {
         // Wake-ups are an optimization; polling still finds the work.
         this.deps.logger.warn(`cross-process wake-ups unavailable, relying on polling: ${(error as Error).message}`);
       }
+      // stop() was called while LISTEN connected: it could not close what did not exist yet.
+      if (this.state !== 'running') {
+        await this.unlisten();
+        return;
+      }
     }
     for (const consumer of this.queues.values()) consumer.start();
     if (this.queues.size > 0) {
@@ -74,7 +83,13 @@ export class SqlQueueConsumer {
   }
 
   /** Graceful: stop claiming, drain running handlers up to `timeoutMs`, abort the rest. */
-  async stop(timeoutMs: number): Promise<void> {
+  stop(timeoutMs: number): Promise<void> {
+    // A second call waits for the first: its caller may close the pool next.
+    this.stopped ??= this.shutDown(timeoutMs);
+    return this.stopped;
+  }
+
+  private async shutDown(timeoutMs: number): Promise<void> {
     if (this.state !== 'running') {
       this.state = 'stopped';
       return;
@@ -87,7 +102,7 @@ export class SqlQueueConsumer {
         ...(await consumer.stop(timeoutMs)),
       })),
     );
-    await this.stopListening?.().catch(() => undefined);
+    await this.unlisten();
     this.state = 'stopped';
     for (const r of results) {
       if (r.finished + r.aborted + r.released === 0) continue;
@@ -95,6 +110,17 @@ export class SqlQueueConsumer {
         `queue '${r.queue}' stopped: ${r.finished} running job(s) finished, ${r.aborted} aborted after ${timeoutMs} ms, ${r.released} prefetched job(s) released`,
       );
     }
+  }
+
+  /** Closes the LISTEN connection, bounded: a half-open socket must not hold shutdown. */
+  private async unlisten(): Promise<void> {
+    const stopListening = this.stopListening;
+    this.stopListening = null;
+    if (stopListening)
+      await settleWithin(
+        stopListening().catch(() => undefined),
+        UNLISTEN_TIMEOUT_MS,
+      );
   }
 
   wake(queue: string): void {

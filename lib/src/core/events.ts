@@ -33,7 +33,11 @@ export function safeEmit<K extends keyof QueueEventListener>(
 ): void {
   for (const listener of listeners) {
     try {
-      (listener[name] as ((e: typeof event) => void) | undefined)?.(event);
+      const returned: unknown = (listener[name] as ((e: typeof event) => unknown) | undefined)?.(event);
+      // An async listener's rejection must not become an unhandled rejection either.
+      if (typeof (returned as PromiseLike<unknown> | undefined)?.then === 'function') {
+        Promise.resolve(returned).catch(() => undefined);
+      }
     } catch {
       // A metrics listener must never break job processing.
     }

@@ -50,6 +50,8 @@ interface Pending {
   held: HeldJob;
   /** After this (engine clock), stop retrying: the lease has run out and the job will run again. */
   giveUpAt: number;
+  /** Sent before, and the statement failed: its reply may have been lost after it committed. */
+  retried?: boolean;
 }
 
 interface PendingFailure extends Pending {
@@ -86,6 +88,8 @@ export class JobAcker {
   private flushing: Promise<void> | null = null;
   private retryDelayMs = RETRY_MIN_MS;
   private readonly errors: ThrottledErrorLog;
+  /** Set when drain() gives up: nothing more is sent, and nothing is retried after shutdown. */
+  private readonly closed = new AbortController();
 
   constructor(
     private readonly deps: AckerDeps,
@@ -125,6 +129,7 @@ export class JobAcker {
       if (this.flushing) await settleWithin(this.flushing, deadline - this.deps.clock.now());
       else await this.deps.clock.sleep(RETRY_MIN_MS);
     }
+    this.closed.abort();
     const left = [...this.completes, ...this.failures, ...this.releases];
     if (left.length > 0) {
       this.deps.logger.warn(
@@ -152,7 +157,7 @@ export class JobAcker {
   }
 
   private schedule(): void {
-    if (this.flushing) return;
+    if (this.flushing || this.closed.signal.aborted) return;
     this.flushing = this.flushLoop().finally(() => {
       this.flushing = null;
       if (this.pending > 0) this.schedule();
@@ -162,7 +167,7 @@ export class JobAcker {
   private async flushLoop(): Promise<void> {
     // Let outcomes produced in the same turn of the event loop join this statement.
     await new Promise<void>((resolve) => setImmediate(resolve));
-    while (this.pending > 0) {
+    while (this.pending > 0 && !this.closed.signal.aborted) {
       // Failures first: a job failed on timeout may also report a late success, which must
       // meet the voided token (and be refused), not win a race against its own failure.
       const failuresOk = await this.flushFailures(this.failures.splice(0, MAX_BATCH));
@@ -172,7 +177,7 @@ export class JobAcker {
         this.retryDelayMs = RETRY_MIN_MS;
         this.errors.succeeded();
       } else {
-        await this.deps.clock.sleep(this.retryDelayMs);
+        await this.deps.clock.sleep(this.retryDelayMs, this.closed.signal);
         this.retryDelayMs = Math.min(RETRY_MAX_MS, this.retryDelayMs * 2);
       }
     }
@@ -239,8 +244,10 @@ export class JobAcker {
       const result = byId.get(job.id);
       if (!result || result.outcome === 'lost') {
         this.reportLost(item.held, 'fail');
-      } else if (result.outcome === 'ok') {
-        const dead = result.state === 'dead';
+      } else {
+        // 'already': the first try committed and its reply was lost. The state it set follows
+        // from the same rule the statement applies.
+        const dead = result.state ? result.state === 'dead' : item.dead || job.attempt >= job.maxAttempts;
         const message = errorMessage(item.error);
         if (dead) {
           this.deps.logger.error(
@@ -277,17 +284,25 @@ export class JobAcker {
       return false;
     }
     const outcomes = new Map(results.map((r) => [r.id, r.outcome]));
-    for (const { held } of items) {
-      if ((outcomes.get(held.job.id) ?? 'lost') === 'lost') this.reportLost(held, 'release');
+    for (const { held, retried } of items) {
+      // A give-back has no 'already' answer: after a failed try, 'lost' most likely means the
+      // first try committed. Either way the job is not this worker's, so nothing is counted.
+      if ((outcomes.get(held.job.id) ?? 'lost') === 'lost' && !retried) this.reportLost(held, 'release');
       this.onSettled(held);
     }
     return true;
   }
 
   private requeue<T extends Pending>(queue: T[], items: T[], error: unknown): void {
+    if (this.closed.signal.aborted) {
+      // drain() already reported these as unrecorded; their leases bring the jobs back.
+      for (const item of items) this.onSettled(item.held);
+      return;
+    }
     this.errors.failed(error, this.retryDelayMs);
     const now = this.deps.clock.now();
     const keep = items.filter((item) => item.giveUpAt > now);
+    for (const item of keep) item.retried = true;
     for (const item of items) {
       if (item.giveUpAt > now) continue;
       this.deps.logger.error(
@@ -318,6 +333,8 @@ function errorMessage(error: unknown): string {
   }
 }
 
+/** Bounded, and without U+0000, which PostgreSQL text cannot hold (a whole batch would be refused). */
 function truncate(text: string, limit: number): string {
-  return text.length > limit ? `${text.slice(0, limit)}…` : text;
+  const bounded = text.length > limit ? `${text.slice(0, limit)}…` : text;
+  return bounded.includes('\u0000') ? bounded.replaceAll('\u0000', '\uFFFD') : bounded;
 }

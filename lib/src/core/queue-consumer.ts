@@ -55,7 +55,8 @@ export class QueueConsumer {
   private readonly waiting: ((job: HeldJob | null) => void)[] = [];
   private readonly buffer: HeldJob[] = [];
   private readonly held = new Map<string, HeldJob>();
-  private readonly running = new Map<string, Promise<void>>();
+  /** Keyed by the hold, not the job id: a job re-claimed here while its old run ends is a new entry. */
+  private readonly running = new Map<HeldJob, Promise<void>>();
   /** Claim statements in flight, and how many jobs they asked for. */
   private claimsInFlight = 0;
   private requested = 0;
@@ -66,9 +67,10 @@ export class QueueConsumer {
   private waitingSince: number | null = null;
   private wokenDuringClaim = false;
   private stopping = false;
+  private stopped: Promise<{ finished: number; aborted: number; released: number }> | null = null;
   private started = false;
-  /** Set while the claim loop pauses after an empty claim; aborting it wakes the loop. */
-  private idleSleep: AbortController | null = null;
+  /** The claim loop's pauses (two claims may overlap, so two may pause); aborting them wakes it. */
+  private readonly idleSleeps = new Set<AbortController>();
   private lastEmptyClaimAt: number | null = null;
   private lastLoopAt: number;
   private readonly pollBackoff: PollBackoff;
@@ -101,7 +103,7 @@ export class QueueConsumer {
   }
 
   start(): void {
-    if (this.started) return;
+    if (this.started || this.stopping) return;
     this.started = true;
     for (let i = 0; i < this.options.minReaders; i++) this.addReader('start');
     const heartbeatEvery = Math.max(20, Math.min(Math.floor(this.options.leaseMs / 6), 5_000));
@@ -124,7 +126,7 @@ export class QueueConsumer {
     // A claim already in flight may have looked before the new job committed: if it comes
     // back empty, claim again at once instead of pausing.
     if (this.claimsInFlight > 0) this.wokenDuringClaim = true;
-    this.idleSleep?.abort();
+    this.endPauses();
     this.pump();
   }
 
@@ -159,7 +161,17 @@ export class QueueConsumer {
       for (;;) {
         const held = await this.take();
         if (!held) return;
-        await this.run(held);
+        try {
+          await this.run(held);
+        } catch (error) {
+          // A bug must not take the reader down or keep renewing a lease for nothing: the job
+          // is let go, and its lease brings it back.
+          this.deps.logger.error(
+            `job ${held.job.id} in queue '${this.queue}': unexpected error after its handler ran; the job comes back when its lease expires: ${describeReason(error)}`,
+            error instanceof Error ? error.stack : undefined,
+          );
+          this.forget(held);
+        }
       }
     } finally {
       this.readers--;
@@ -191,7 +203,7 @@ export class QueueConsumer {
   /** Hands buffered jobs to waiting readers and schedules a claim when more are wanted. */
   private pump(): void {
     while (this.waiting.length > 0 && this.buffer.length > 0) this.waiting.shift()!(this.buffer.shift()!);
-    if (this.claimScheduled || this.stopping || this.idleSleep) return;
+    if (this.claimScheduled || this.stopping || this.idleSleeps.size > 0) return;
     // Deferred one turn of the event loop: readers that finish in the same turn then share one
     // claim statement instead of each sending its own.
     this.claimScheduled = true;
@@ -205,7 +217,7 @@ export class QueueConsumer {
     // With a prefetch buffer, a second claim may overlap the first, so the buffer refills
     // while readers drain it; without one, claims follow the readers that wait.
     const maxInFlight = this.options.prefetch > 0 ? 2 : 1;
-    while (!this.stopping && !this.idleSleep && this.claimsInFlight < maxInFlight) {
+    while (!this.stopping && this.idleSleeps.size === 0 && this.claimsInFlight < maxInFlight) {
       const wanted = this.waiting.length + this.options.prefetch - this.buffer.length - this.requested;
       // Top up a prefetch buffer in batches, not one job at a time.
       if (wanted <= 0) return;
@@ -274,14 +286,19 @@ export class QueueConsumer {
 
   /** Waits between claims; a wake-up or shutdown ends the wait early. */
   private async pause(ms: number): Promise<void> {
+    if (this.stopping) return;
     const sleep = new AbortController();
-    this.idleSleep = sleep;
+    this.idleSleeps.add(sleep);
     try {
       await this.deps.clock.sleep(ms, sleep.signal);
     } finally {
-      if (this.idleSleep === sleep) this.idleSleep = null;
+      this.idleSleeps.delete(sleep);
       this.lastLoopAt = this.deps.clock.now();
     }
+  }
+
+  private endPauses(): void {
+    for (const sleep of this.idleSleeps) sleep.abort();
   }
 
   /** Seed 003: a reader whose claim came back empty retires while more than the minimum run. */
@@ -352,7 +369,10 @@ export class QueueConsumer {
 
   private async run(held: HeldJob): Promise<void> {
     const { job } = held;
-    if (held.lost) return; // lost while buffered
+    if (held.aborted) {
+      this.forget(held); // its lease was lost or ran out while it waited
+      return;
+    }
     const context: JobContext = {
       jobId: job.id,
       queue: job.queue,
@@ -368,11 +388,11 @@ export class QueueConsumer {
       extendLease: (ms) => this.extendLease(held, ms),
     };
     const execution = this.execute(held, context);
-    this.running.set(job.id, execution);
+    this.running.set(held, execution);
     try {
       await execution;
     } finally {
-      this.running.delete(job.id);
+      this.running.delete(held);
     }
   }
 
@@ -386,15 +406,17 @@ export class QueueConsumer {
       );
     // Race the handler against abandonment, which only starts once the job is aborted: a
     // handler that ignores its signal must not hold a reader forever.
+    const graceTimer = new AbortController();
     const result = await new Promise<Awaited<typeof handled> | 'abandoned'>((resolve) => {
       void handled.then(resolve);
       const startGrace = () => {
         const grace = held.shutdownAborted ? SHUTDOWN_ABANDON_GRACE_MS : ABANDON_GRACE_MS;
-        void this.deps.clock.sleep(grace).then(() => resolve('abandoned'));
+        void this.deps.clock.sleep(grace, graceTimer.signal).then(() => resolve('abandoned'));
       };
       if (held.aborted) startGrace();
       else held.onAbort = startGrace;
     });
+    graceTimer.abort();
     held.onAbort = null;
     if (result === 'abandoned') {
       this.deps.logger.warn(
@@ -437,7 +459,8 @@ export class QueueConsumer {
     const requestedAt = this.deps.clock.now();
     const [result] = await this.boundedHeartbeat([held]);
     if (!result || result.outcome === 'lost') {
-      this.markLost(held);
+      // Once the handler has returned, its token-checked outcome decides and reports, as in renewLeases.
+      if (this.running.has(held)) this.markLost(held);
       throw new SqlQueueLeaseLostError(held.job.queue, held.job.id);
     }
     held.renewedAtLocal = requestedAt;
@@ -472,7 +495,7 @@ export class QueueConsumer {
     for (const held of this.held.values()) {
       if (held.lost || held.timedOut) continue;
       const maxDuration = this.options.maxDurationMs;
-      if (maxDuration !== null && now - held.claimedAtLocal >= maxDuration && this.running.has(held.job.id)) {
+      if (maxDuration !== null && now - held.claimedAtLocal >= maxDuration && this.running.has(held)) {
         this.timeOut(held, maxDuration);
         continue;
       }
@@ -482,6 +505,7 @@ export class QueueConsumer {
           held,
           new SqlQueueLeaseLostError(held.job.queue, held.job.id, 'the lease could not be renewed before it expired'),
         );
+        if (this.dropBuffered(held)) continue;
       }
       if (now - held.renewedAtLocal >= held.leaseMs / 3) due.push(held);
     }
@@ -497,10 +521,7 @@ export class QueueConsumer {
         if (result?.outcome === 'ok') {
           held.renewedAtLocal = requestedAt;
           held.localLeaseUntil = requestedAt + held.leaseMs;
-        } else if (
-          this.held.get(held.job.id) === held &&
-          (this.running.has(held.job.id) || this.buffer.includes(held))
-        ) {
+        } else if (this.held.get(held.job.id) === held && (this.running.has(held) || this.buffer.includes(held))) {
           // Only a job still running or waiting can lose its lease here. Once its handler has
           // returned, its outcome is in flight, and that token-checked write ('ok', 'already'
           // or 'lost') decides and reports, not a renewal racing it.
@@ -526,9 +547,16 @@ export class QueueConsumer {
       outcome: 'lost',
     });
     abortJob(held, error);
+    if (!this.dropBuffered(held) && !this.running.has(held)) this.forget(held);
+  }
+
+  /** Takes a job that has not started out of the buffer and out of this worker's hands. */
+  private dropBuffered(held: HeldJob): boolean {
     const index = this.buffer.indexOf(held);
-    if (index >= 0) this.buffer.splice(index, 1);
-    if (!this.running.has(held.job.id)) this.forget(held);
+    if (index < 0) return false;
+    this.buffer.splice(index, 1);
+    this.forget(held);
+    return true;
   }
 
   /** maxDurationMs passed: record the failure now (token-checked) and abort the handler. */
@@ -547,10 +575,15 @@ export class QueueConsumer {
    * to `timeoutMs`, then aborts them; flushes completions. What is still unfinished comes
    * back through its lease, so nothing is lost.
    */
-  async stop(timeoutMs: number): Promise<{ finished: number; aborted: number; released: number }> {
-    if (this.stopping) return { finished: 0, aborted: 0, released: 0 };
+  stop(timeoutMs: number): Promise<{ finished: number; aborted: number; released: number }> {
+    // A second call waits for the first: its caller may close the pool next.
+    this.stopped ??= this.shutDown(timeoutMs);
+    return this.stopped;
+  }
+
+  private async shutDown(timeoutMs: number): Promise<{ finished: number; aborted: number; released: number }> {
     this.stopping = true;
-    this.idleSleep?.abort();
+    this.endPauses();
     while (this.waiting.length > 0) this.waiting.shift()!(null);
     const released = this.buffer.splice(0);
     this.acker.release(released);
@@ -572,9 +605,8 @@ export class QueueConsumer {
     deadline.abort();
     let aborted = 0;
     if (!finishedInTime) {
-      for (const id of this.running.keys()) {
-        const held = this.held.get(id);
-        if (!held || held.aborted) continue;
+      for (const held of this.running.keys()) {
+        if (held.aborted) continue;
         held.shutdownAborted = true;
         abortJob(held, new SqlQueueShutdownError());
         aborted++;
