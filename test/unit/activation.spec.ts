@@ -1,9 +1,8 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { shouldAddReader, shouldRetireAfterEmptyClaim } from '../../lib/src/core/activation.js';
-import { silentLogger } from '../../lib/src/core/logger.js';
-import { resolveConsumerOptions, resolveQueueOptions } from '../../lib/src/core/options.js';
+import type { QueueOptions } from '../../lib/src/core/options.js';
 import { QueueConsumer } from '../../lib/src/core/queue-consumer.js';
-import type { QueueStore } from '../../lib/src/core/queue-store.js';
+import { engineDeps, queueOptions } from '../helpers/engine.js';
 import { FakeClock } from '../helpers/fake-clock.js';
 import { MemoryStore } from '../helpers/memory-store.js';
 
@@ -41,25 +40,12 @@ describe('a queue consumer on a fake clock', () => {
     consumer = null;
   });
 
-  function start(
-    store: MemoryStore,
-    queue: Parameters<typeof resolveQueueOptions>[1]['handler'],
-    handler: () => Promise<void>,
-  ) {
+  function start(store: MemoryStore, queue: QueueOptions, handler: () => Promise<void>) {
     clock = new FakeClock();
     const readers: number[] = [];
     consumer = new QueueConsumer(
-      {
-        store: store as unknown as QueueStore,
-        clock,
-        logger: silentLogger,
-        listeners: [{ readersChanged: (e) => readers.push(e.readers) }],
-        workerId: 'unit',
-        activationIntervalMs: 1_000,
-        activationQuietMs: 3_000,
-        random: () => 0,
-      },
-      resolveQueueOptions('q', { handler: queue }, resolveConsumerOptions({})),
+      engineDeps(store, clock, { listeners: [{ readersChanged: (e) => readers.push(e.readers) }] }),
+      queueOptions(queue),
       handler,
     );
     consumer.start();
