@@ -77,8 +77,13 @@ export async function openStore(target: Target | string, schema: string, poolSiz
 }
 
 /** The producer as the module builds it by default: local wake-ups, and NOTIFY where the store has it. */
-export function producerFor(store: QueueStore, wakeBus = new WakeBus()): QueueProducerCore {
-  const remoteWaker = store.notify ? new RemoteWaker(store, DEFAULT_WAKE_INTERVAL_MS, silentLogger) : null;
+export function producerFor(
+  store: QueueStore,
+  wakeBus = new WakeBus(),
+  { remoteWakeups = true }: { remoteWakeups?: boolean } = {},
+): QueueProducerCore {
+  const remoteWaker =
+    remoteWakeups && store.notify ? new RemoteWaker(store, DEFAULT_WAKE_INTERVAL_MS, silentLogger) : null;
   return new QueueProducerCore(store, { maxPayloadBytes: 1 << 20, maxAttemptsFor: () => 25 }, wakeBus, remoteWaker);
 }
 
