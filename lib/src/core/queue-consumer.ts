@@ -406,17 +406,19 @@ export class QueueConsumer {
       );
     // Race the handler against abandonment, which only starts once the job is aborted: a
     // handler that ignores its signal must not hold a reader forever.
-    const graceTimer = new AbortController();
+    // Created only for an aborted job (most never are), and cancelled once the race settles.
+    const grace: { timer?: AbortController } = {};
     const result = await new Promise<Awaited<typeof handled> | 'abandoned'>((resolve) => {
       void handled.then(resolve);
       const startGrace = () => {
-        const grace = held.shutdownAborted ? SHUTDOWN_ABANDON_GRACE_MS : ABANDON_GRACE_MS;
-        void this.deps.clock.sleep(grace, graceTimer.signal).then(() => resolve('abandoned'));
+        grace.timer = new AbortController();
+        const ms = held.shutdownAborted ? SHUTDOWN_ABANDON_GRACE_MS : ABANDON_GRACE_MS;
+        void this.deps.clock.sleep(ms, grace.timer.signal).then(() => resolve('abandoned'));
       };
       if (held.aborted) startGrace();
       else held.onAbort = startGrace;
     });
-    graceTimer.abort();
+    grace.timer?.abort();
     held.onAbort = null;
     if (result === 'abandoned') {
       this.deps.logger.warn(
