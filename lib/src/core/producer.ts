@@ -36,6 +36,9 @@ export interface ProducerSettings {
 /** Jobs per statement in a bulk enqueue; larger calls are split (each part atomic). */
 export const ENQUEUE_CHUNK = 10_000;
 const JOB_ID = /^[1-9]\d{0,18}$/;
+/** Ids are bigint in both dialects: 19 digits can still exceed it. */
+const BIGINT_MAX = 9_223_372_036_854_775_807n;
+const MAX_PURGE_AGE_MS = 10 * 365 * 24 * 3600 * 1000;
 
 /**
  * The framework-free producer: validates everything before any SQL runs, enqueues in one
@@ -96,19 +99,19 @@ export class QueueProducerCore {
     this.remoteWaker?.request(queue);
   }
 
-  getJob(jobId: JobId): Promise<JobRecord | null> {
+  async getJob(jobId: JobId): Promise<JobRecord | null> {
     return this.store.getJob(assertJobId(jobId));
   }
 
-  getAttempts(jobId: JobId): Promise<AttemptRecord[]> {
+  async getAttempts(jobId: JobId): Promise<AttemptRecord[]> {
     return this.store.getAttempts(assertJobId(jobId));
   }
 
-  stats(queue: string): Promise<QueueStats> {
+  async stats(queue: string): Promise<QueueStats> {
     return this.store.stats(assertQueueName(queue));
   }
 
-  listDead(queue: string, page: { limit?: number; afterId?: JobId | null } = {}): Promise<DeadJobPage> {
+  async listDead(queue: string, page: { limit?: number; afterId?: JobId | null } = {}): Promise<DeadJobPage> {
     assertQueueName(queue);
     const limit = assertInteger('listDead limit', page.limit ?? 50, 1, 1000, SqlQueueValidationError);
     const afterId = page.afterId === undefined || page.afterId === null ? null : assertJobId(page.afterId);
@@ -124,7 +127,7 @@ export class QueueProducerCore {
     return retried;
   }
 
-  purgeDead(queue: string, options: { olderThanMs?: number } = {}): Promise<number> {
+  async purgeDead(queue: string, options: { olderThanMs?: number } = {}): Promise<number> {
     assertQueueName(queue);
     const olderThanMs =
       options.olderThanMs === undefined
@@ -133,7 +136,8 @@ export class QueueProducerCore {
             'purgeDead olderThanMs',
             options.olderThanMs,
             0,
-            Number.MAX_SAFE_INTEGER,
+            // Ten years: 'now - olderThanMs' must stay a timestamp the database can compute.
+            MAX_PURGE_AGE_MS,
             SqlQueueValidationError,
           );
     return this.store.purgeDead(queue, { olderThanMs });
@@ -159,7 +163,7 @@ function assertOptionsObject<T extends object>(options: T, where: string): T {
 }
 
 export function assertJobId(jobId: unknown): JobId {
-  if (typeof jobId !== 'string' || !JOB_ID.test(jobId)) {
+  if (typeof jobId !== 'string' || !JOB_ID.test(jobId) || BigInt(jobId) > BIGINT_MAX) {
     throw new SqlQueueValidationError(`job id ${describe(jobId)} is invalid: ids are decimal strings such as '42'`);
   }
   return jobId;

@@ -174,7 +174,8 @@ SELECT CAST([Id] AS varchar(20)) AS [Id], [Queue], [Payload], [Priority], [Group
        CAST([ClaimToken] AS char(36)) AS [ClaimToken], [CreatedAt], [ClaimedAt], [LeaseUntil]
 FROM @claimed;`,
 
-    // @items HeartbeatList. The lease never runs past ClaimedAt + MaxMs.
+    // @items HeartbeatList. The lease never runs past ClaimedAt + MaxMs; once that cap has passed
+    // the lease cannot be renewed, and the answer is no lease (lost), not 'ok'.
     heartbeat: `${READ_COMMITTED}DECLARE @extended TABLE ([Id] bigint NOT NULL PRIMARY KEY, [LeaseUntil] datetime2(3) NOT NULL);
 UPDATE j
 SET [LeaseUntil] = CASE
@@ -185,7 +186,7 @@ OUTPUT inserted.[Id], inserted.[LeaseUntil] INTO @extended ([Id], [LeaseUntil])
 FROM ${jobs} AS j
 INNER JOIN @items AS i ON j.[Id] = i.[Id] AND j.[ClaimToken] = i.[Token]
 WHERE j.[State] = 'leased';
-SELECT CAST(i.[Id] AS varchar(20)) AS [Id], e.[LeaseUntil]
+SELECT CAST(i.[Id] AS varchar(20)) AS [Id], CASE WHEN e.[LeaseUntil] > SYSUTCDATETIME() THEN e.[LeaseUntil] END AS [LeaseUntil]
 FROM @items AS i LEFT JOIN @extended AS e ON e.[Id] = i.[Id];`,
 
     // @items OwnedJobList. The token stays on the done row, so a retried completion whose first

@@ -45,7 +45,9 @@ export class PGliteDriver implements PgDriver {
   }
 
   async listen(channel: string, onMessage: (payload: string) => void): Promise<() => Promise<void>> {
-    const unsubscribe = await this.db.listen(channel, onMessage);
+    // PGlite sends LISTEN with the name as given, unquoted, so PostgreSQL would fold it to lower
+    // case while pg_notify keeps the case: quoting keeps them the same channel.
+    const unsubscribe = await this.db.listen(`"${channel.replace(/"/g, '""')}"`, onMessage);
     return () => unsubscribe();
   }
 
@@ -69,6 +71,15 @@ export function asCallerTransaction(transaction: unknown): PgQueryable {
   if (typeof candidate.totalCount === 'number' && typeof candidate.idleCount === 'number') {
     throw new SqlQueueValidationError(
       'transaction is a pg.Pool: pass the client you called BEGIN on (const client = await pool.connect()), not the pool',
+    );
+  }
+  // node-postgres reports the server's last transaction status ('I' idle, 'T' in a transaction,
+  // 'E' failed): a client outside any transaction is refused, since the job would commit at
+  // once and outlive the caller's ROLLBACK.
+  const client = transaction as { getTransactionStatus?: () => unknown };
+  if (typeof client.getTransactionStatus === 'function' && client.getTransactionStatus() === 'I') {
+    throw new SqlQueueValidationError(
+      'transaction is a pg client with no open transaction: call BEGIN on it first, or enqueue without `transaction`',
     );
   }
   return candidate as PgQueryable;

@@ -8,7 +8,9 @@ import { quotePgIdentifier } from './postgres.identifiers.js';
  * one jsonb parameter expanded with jsonb_array_elements (uniform bulk enqueue) or
  * jsonb_to_recordset; the same text for node-postgres and PGlite.
  *
- * Times come from the database clock (now()). In autocommit, now() is the statement's time.
+ * Times come from the database clock (now()). In autocommit, now() is the statement's time; the
+ * enqueue statements, which may run in a caller's transaction, use statement_timestamp(), so a
+ * delay counts from the enqueue and not from the caller's BEGIN.
  */
 export interface PgQueries {
   enqueueOne: string;
@@ -48,8 +50,9 @@ export function pgQueries(schema: string): PgQueries {
 
   return {
     // $1 queue, $2 payload, $3 priority, $4 run_at, $5 delay_ms, $6 group_key, $7 idempotency_key, $8 max_attempts
-    enqueueOne: `INSERT INTO ${jobs} (queue, state, payload, priority, run_at, group_key, idempotency_key, max_attempts)
-VALUES ($1, 'ready', $2::jsonb, $3, COALESCE($4::timestamptz, now() + $5::float8 * interval '1 millisecond'), $6, $7, $8)
+    enqueueOne: `INSERT INTO ${jobs} (queue, state, payload, priority, run_at, group_key, idempotency_key, max_attempts, created_at)
+VALUES ($1, 'ready', $2::jsonb, $3, COALESCE($4::timestamptz, statement_timestamp() + $5::float8 * interval '1 millisecond'), $6, $7, $8,
+        statement_timestamp())
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id::text AS id`,
 
@@ -62,10 +65,10 @@ RETURNING id::text AS id`,
   FROM unnest($2::jsonb[], $3::int[], $4::timestamptz[], $5::float8[], $6::text[], $7::text[], $8::int[])
        WITH ORDINALITY AS i(payload, priority, run_at, delay_ms, group_key, idempotency_key, max_attempts, ord)
 ), inserted AS (
-  INSERT INTO ${jobs} (id, queue, state, payload, priority, run_at, group_key, idempotency_key, max_attempts)
-  SELECT id, $1, 'ready', payload, priority, COALESCE(run_at, now() + delay_ms * interval '1 millisecond'),
-         group_key, idempotency_key, max_attempts
-  FROM input ORDER BY ord
+  INSERT INTO ${jobs} (id, queue, state, payload, priority, run_at, group_key, idempotency_key, max_attempts, created_at)
+  SELECT id, $1, 'ready', payload, priority, COALESCE(run_at, statement_timestamp() + delay_ms * interval '1 millisecond'),
+         group_key, idempotency_key, max_attempts, statement_timestamp()
+  FROM input ORDER BY idempotency_key, ord
   ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
   RETURNING id
 )
@@ -81,8 +84,9 @@ ORDER BY input.ord`,
   SELECT p AS payload, ord, nextval('${jobIdSeq}') AS id
   FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS t(p, ord)
 ), inserted AS (
-  INSERT INTO ${jobs} (id, queue, state, payload, priority, run_at, group_key, max_attempts)
-  SELECT id, $1, 'ready', payload, $3, COALESCE($4::timestamptz, now() + $5::float8 * interval '1 millisecond'), $6, $7
+  INSERT INTO ${jobs} (id, queue, state, payload, priority, run_at, group_key, max_attempts, created_at)
+  SELECT id, $1, 'ready', payload, $3, COALESCE($4::timestamptz, statement_timestamp() + $5::float8 * interval '1 millisecond'),
+         $6, $7, statement_timestamp()
   FROM input
 )
 SELECT id::text AS id FROM input ORDER BY ord`,
@@ -115,7 +119,8 @@ RETURNING j.id::text AS id, j.payload, j.priority, j.group_key, j.idempotency_ke
           (extract(epoch FROM j.claimed_at) * 1000)::float8 AS claimed_ms,
           (extract(epoch FROM j.lease_until) * 1000)::float8 AS lease_until_ms`,
 
-    // $1 jsonb [{id, token, lease_ms, max_ms}]; the lease never runs past claimed_at + max_ms.
+    // $1 jsonb [{id, token, lease_ms, max_ms}]; the lease never runs past claimed_at + max_ms. Once
+    // that cap has passed the lease cannot be renewed: the answer is no lease (lost), not 'ok'.
     heartbeat: `WITH input AS (
   SELECT * FROM jsonb_to_recordset($1::jsonb) AS i(id bigint, token uuid, lease_ms float8, max_ms float8)
 ), extended AS (
@@ -128,7 +133,7 @@ RETURNING j.id::text AS id, j.payload, j.priority, j.group_key, j.idempotency_ke
   WHERE j.id = i.id AND j.claim_token = i.token AND j.state = 'leased'
   RETURNING j.id, j.lease_until
 )
-SELECT input.id::text AS id, extended.lease_until
+SELECT input.id::text AS id, CASE WHEN extended.lease_until > now() THEN extended.lease_until END AS lease_until
 FROM input LEFT JOIN extended ON extended.id = input.id`,
 
     // $1 jsonb [{id, token}]. The token stays on the done row, so a retried completion whose
@@ -254,13 +259,17 @@ WHERE queue = $1 AND state = 'dead'
 RETURNING id::text AS id`,
 
     // $1 queue, $2 older-than ms (0 for all), $3 batch size
+    // The outer DELETE repeats the conditions: after waiting on a row that retryDead was moving
+    // back to ready, READ COMMITTED re-checks only the DELETE's own WHERE, not the subquery's.
     purgeDead: `DELETE FROM ${jobs} WHERE id IN (
   SELECT id FROM ${jobs}
   WHERE queue = $1 AND state = 'dead' AND finished_at <= now() - $2::float8 * interval '1 millisecond'
   ORDER BY id LIMIT $3
-)`,
+) AND queue = $1 AND state = 'dead' AND finished_at <= now() - $2::float8 * interval '1 millisecond'`,
 
-    // $1 done retention ms, $2 idempotency retention ms, $3 dead retention ms (null: keep), $4 batch
+    // $1 done retention ms, $2 idempotency retention ms, $3 dead retention ms (null: keep), $4 batch.
+    // The outer conditions re-check, after a row lock wait, that the row is still finished (a
+    // retried dead job is ready again; finished_at is cleared then).
     cleanup: `DELETE FROM ${jobs} WHERE id IN (
   (SELECT id FROM ${jobs}
    WHERE state = 'done' AND finished_at < now() - $1::float8 * interval '1 millisecond'
@@ -274,7 +283,8 @@ RETURNING id::text AS id`,
      AND (idempotency_key IS NULL
           OR finished_at < now() - GREATEST($3::float8, $2::float8) * interval '1 millisecond')
    ORDER BY finished_at LIMIT $4)
-)`,
+) AND (state = 'done' OR (state = 'dead' AND $3::float8 IS NOT NULL))
+  AND finished_at < now() - LEAST($1::float8, COALESCE($3::float8, $1::float8)) * interval '1 millisecond'`,
 
     // A wake-up is only a hint: its transaction need not wait for a WAL flush (is_local: this
     // statement's own transaction only).

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { SqlQueueSchemaError, SqlQueueValidationError } from '../../core/errors.js';
 import type { MigrationMode, QueueStore, SchemaStatus } from '../../core/queue-store.js';
 import type {
@@ -35,11 +36,16 @@ const IDEMPOTENT_ENQUEUE_ROUNDS = 3;
 
 type Row = Record<string, unknown>;
 
+/** PostgreSQL's identifier limit (NAMEDATALEN - 1); schema names are ASCII, so bytes = characters. */
+const PG_NAME_MAX_BYTES = 63;
+
 export class PostgresQueueStore implements QueueStore {
   readonly dialect = 'postgres';
   private readonly sql: PgQueries;
   /** Prepared-statement names are per schema, since the statement text embeds the schema. */
   private readonly prepared: (name: keyof PgQueries) => string;
+  /** Wake-up channel: one per schema, payload = queue name. */
+  readonly channel: string;
 
   constructor(
     private readonly driver: PgDriver,
@@ -47,12 +53,12 @@ export class PostgresQueueStore implements QueueStore {
   ) {
     assertSchemaName(schema);
     this.sql = pgQueries(schema);
-    this.prepared = (name) => `sqlqueue_${schema}_${name}`;
-  }
-
-  /** Wake-up channel: one per schema, payload = queue name. */
-  get channel(): string {
-    return `${this.schema}_wake`;
+    // PostgreSQL keeps 63 bytes of a name: long schema names would make statement names collide
+    // (node-postgres tracks the full name) and the channel too long, so both use a digest.
+    const digest = createHash('sha1').update(schema).digest('hex').slice(0, 16);
+    this.prepared = (name) => `sqlqueue_${digest}_${name}`;
+    // The readable form where it fits, as earlier versions named it.
+    this.channel = schema.length + '_wake'.length <= PG_NAME_MAX_BYTES ? `${schema}_wake` : `sqlqueue_${digest}_wake`;
   }
 
   async migrate(mode: MigrationMode): Promise<SchemaStatus> {
@@ -61,6 +67,13 @@ export class PostgresQueueStore implements QueueStore {
       const current = await this.readVersion(this.driver);
       this.assertVersion(current, 'check');
       return { current, latest: PG_LATEST_VERSION };
+    }
+    // Already current: nothing to install, so no lock and no DDL (an application login without
+    // CREATE rights boots with the default 'auto' once a DBA has installed the schema).
+    const installed = await this.readVersion(this.driver);
+    if (installed >= PG_LATEST_VERSION) {
+      this.assertVersion(installed, 'auto');
+      return { current: installed, latest: PG_LATEST_VERSION };
     }
     return this.driver.transaction(async (client) => {
       // Transaction-scoped: released by COMMIT or ROLLBACK even if this process dies.
