@@ -4,6 +4,7 @@ import {
   Logger,
   type BeforeApplicationShutdown,
   type OnApplicationBootstrap,
+  type OnModuleInit,
 } from '@nestjs/common';
 import { systemClock } from '../core/clock.js';
 import { SqlQueueConsumer, type ConsumerSnapshot } from '../core/consumer.js';
@@ -14,12 +15,13 @@ import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
 import type { SqlQueueRuntime } from './sql-queue.runtime.js';
 
 /**
- * Owns the consumer: discovers handlers and starts readers when the application has
- * bootstrapped; on shutdown stops claiming and drains running handlers (up to
- * `consumer.shutdownTimeoutMs`) before connections close.
+ * Owns the consumer: discovers and checks handlers at module init (so a job enqueued during
+ * another provider's init already gets its handler's options, and a bad setup fails before the
+ * reaper starts), starts readers when the application has bootstrapped, and on shutdown stops
+ * claiming and drains running handlers (up to `consumer.shutdownTimeoutMs`) before connections close.
  */
 @Injectable()
-export class SqlQueueConsumerHost implements OnApplicationBootstrap, BeforeApplicationShutdown {
+export class SqlQueueConsumerHost implements OnModuleInit, OnApplicationBootstrap, BeforeApplicationShutdown {
   private readonly logger = new Logger('SqlQueue');
   private consumer: SqlQueueConsumer | null = null;
 
@@ -28,7 +30,17 @@ export class SqlQueueConsumerHost implements OnApplicationBootstrap, BeforeAppli
     private readonly explorer: QueueHandlerExplorer,
   ) {}
 
-  async onApplicationBootstrap(): Promise<void> {
+  async onModuleInit(): Promise<void> {
+    try {
+      this.consumer = this.prepareConsumer();
+    } catch (error) {
+      // Nest never hands out a context whose init failed, so nobody could close this pool later.
+      await this.runtime.close().catch(() => undefined);
+      throw error;
+    }
+  }
+
+  private prepareConsumer(): SqlQueueConsumer {
     const { options } = this.runtime;
     if (this.explorer.countRuntimes(SQL_QUEUE_RUNTIME) > 1) {
       throw new SqlQueueConfigError(
@@ -61,14 +73,14 @@ export class SqlQueueConsumerHost implements OnApplicationBootstrap, BeforeAppli
         this.logger.warn(`queue '${queue}' is configured but has no @QueueHandler in this application`);
       }
     }
-    this.consumer = consumer;
-    if (!options.consumer.enabled) {
-      if (handlers.length > 0) {
-        this.logger.log(`consumer disabled: ${handlers.length} handler(s) discovered but not started`);
-      }
-      return;
+    if (!options.consumer.enabled && handlers.length > 0) {
+      this.logger.log(`consumer disabled: ${handlers.length} handler(s) discovered but not started`);
     }
-    await consumer.start();
+    return consumer;
+  }
+
+  async onApplicationBootstrap(): Promise<void> {
+    if (this.enabled) await this.consumer?.start();
   }
 
   async beforeApplicationShutdown(): Promise<void> {
@@ -77,7 +89,9 @@ export class SqlQueueConsumerHost implements OnApplicationBootstrap, BeforeAppli
 
   /** For liveness checks: is the consumer running, and are its readers making progress? */
   snapshot(): ConsumerSnapshot {
-    return this.consumer?.snapshot() ?? { running: false, startedAt: null, queues: [] };
+    // A producer-only process has no readers to report (their figures would page someone).
+    if (!this.enabled || !this.consumer) return { running: false, startedAt: null, queues: [] };
+    return this.consumer.snapshot();
   }
 
   /** False when `consumer.enabled` is off: this process only produces. */

@@ -22,7 +22,10 @@ export class QueueHandlerExplorer {
 
   discover(): DiscoveredHandler[] {
     const byQueue = new Map<string, DiscoveredHandler>();
-    for (const wrapper of this.discovery.getProviders({ metadataKey: QueueHandlerMarker.KEY })) {
+    // Every provider, not the decorator's index: that index lists only the exact class the
+    // decorator ran on, so a subclass provided with useClass would be missed without a word.
+    // The metadata lookup follows the prototype chain, so inherited @QueueHandler counts.
+    for (const wrapper of this.discovery.getProviders()) {
       const metadata = this.discovery.getMetadataByDecorator(QueueHandlerMarker, wrapper);
       if (!metadata) continue;
       const handler = this.check(wrapper, metadata.queue, metadata.options);

@@ -45,8 +45,8 @@ export interface SqlQueueModuleOptions {
   /** Largest payload accepted, in bytes of JSON (default 1 MiB). */
   maxPayloadBytes?: number;
   /**
-   * Cross-process wake-ups (PostgreSQL LISTEN/NOTIFY), sent outside producer transactions and
-   * coalesced to one per queue per `intervalMs` (default on, 5 ms).
+   * Cross-process wake-ups (PostgreSQL LISTEN/NOTIFY), sent outside producer transactions:
+   * per queue at most one in flight and one per `intervalMs` (default on, 2 ms).
    */
   wakeups?: { enabled?: boolean; intervalMs?: number };
   /** Receives engine events (claims, completions, failures, lost ownership, reader counts). */

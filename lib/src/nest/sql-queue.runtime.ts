@@ -3,11 +3,14 @@ import { defaultWorkerId } from '../core/consumer.js';
 import type { QueueEventListener } from '../core/events.js';
 import type { QueueOptions } from '../core/options.js';
 import { QueueProducerCore } from '../core/producer.js';
+import { settleWithin } from '../core/timeout.js';
 import type { QueueStore } from '../core/queue-store.js';
 import { DEFAULT_MAX_ATTEMPTS } from '../core/validation.js';
 import { RemoteWaker, WakeBus } from '../core/wake.js';
 import { createQueueStore } from '../store/create-store.js';
 import { resolveModuleOptions, type ResolvedModuleOptions, type SqlQueueModuleOptions } from './sql-queue.options.js';
+
+const STORE_CLOSE_TIMEOUT_MS = 5_000;
 
 /**
  * Everything one SqlQueueModule owns at run time. Built by an async provider, so a bad
@@ -61,7 +64,13 @@ export class SqlQueueRuntime {
     if (this.closed) return;
     this.closed = true;
     this.remoteWaker?.close();
-    await this.store.close();
+    // Closing a pool waits for every connection checked out; one stuck on an unresponsive
+    // database (until queryTimeoutMs) must not hold the application's shutdown.
+    if (!(await settleWithin(this.store.close(), STORE_CLOSE_TIMEOUT_MS))) {
+      this.logger.warn(
+        `database connections were still busy ${STORE_CLOSE_TIMEOUT_MS} ms into shutdown (database unresponsive?); not waiting for them`,
+      );
+    }
   }
 }
 
