@@ -83,6 +83,12 @@ export class MssqlQueueStore implements QueueStore {
       this.assertVersion(current, 'check');
       return { current, latest: MSSQL_LATEST_VERSION };
     }
+    // Already current: nothing to install, so no lock, no transaction and no DDL.
+    const installed = await this.readVersion(pool.request());
+    if (installed >= MSSQL_LATEST_VERSION) {
+      this.assertVersion(installed, 'auto');
+      return { current: installed, latest: MSSQL_LATEST_VERSION };
+    }
     const transaction = new sql.Transaction(pool);
     await transaction.begin(sql.ISOLATION_LEVEL.READ_COMMITTED);
     try {
