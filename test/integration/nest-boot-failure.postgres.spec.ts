@@ -7,13 +7,12 @@ import { dropPgSchema, PG_URL, sql, uniqueSchema } from '../helpers/databases.js
 import { createQueueApp } from '../helpers/queue-app.js';
 import { waitFor } from '../helpers/wait-for.js';
 
-// Regression, found in review. Before the fix: SqlQueueModule's own boot errors (two handlers for a
-// queue, a second forRoot(), a missing ScheduleModule, ...) are thrown from onApplicationBootstrap.
-// By then the runtime's pool is open and LeaseReaperScheduler (same hierarchy level, bootstrapped
-// in the same Promise.all) has already registered its interval and run a first reap. A rejected
-// NestFactory.createApplicationContext() never hands the context back, so nothing can close them:
-// the reaper keeps polling the database and its connections keep the process alive (a
-// `main().catch(log)` process does not exit).
+// Regression, found in review. Before the fix, SqlQueueModule's own boot errors (two handlers for
+// a queue, a second forRoot(), a missing ScheduleModule) were thrown from onApplicationBootstrap.
+// By then the runtime's pool was open, and the lease reaper (bootstrapped in the same Promise.all)
+// had registered its interval, or the readers had started. A rejected createApplicationContext()
+// never hands the context back, so nothing could close them, and a `main().catch(log)` process
+// did not exit.
 
 const schema = uniqueSchema('rv_bootfail');
 const appName = `rv_bootfail_${schema}`;
@@ -53,8 +52,8 @@ it('releases its connections and stops its reaper when its own boot check fails'
     }),
   ).rejects.toThrow(/queue 'review.dup' has two handlers/);
 
-  // Nothing of the failed application may stay connected. Today the reaper interval keeps
-  // running every 50 ms on a pool nobody can close, so its connection never goes away.
+  // Nothing of the failed application may stay connected (before the fix, the reaper kept
+  // running every 50 ms on a pool nobody could close).
   await waitFor(connections, (n) => n === 0, { timeoutMs: 3_000, what: 'the failed app to release its connections' });
 });
 
@@ -94,4 +93,23 @@ it('leaves a shared Prometheus registry usable after its own boot check fails', 
   }).catch((error: Error) => error);
   if (!(next instanceof Error)) await next.app.close();
   expect(next instanceof Error ? next.message : 'booted').toBe('booted');
+});
+
+it('releases its connections when ScheduleModule is missing', async () => {
+  @QueueHandler('review.nosched')
+  class Handler {
+    async handle() {}
+  }
+  await expect(
+    createQueueApp({
+      schema,
+      withSchedule: false,
+      queueModule: SqlQueueModule.forRoot({
+        connection: { dialect: 'postgres', url: `${PG_URL}?application_name=${appName}`, poolSize: 2 },
+        schema,
+      }),
+      providers: [Handler],
+    }),
+  ).rejects.toThrow(/ScheduleModule/);
+  await waitFor(connections, (n) => n === 0, { timeoutMs: 3_000, what: 'the failed app to release its connections' });
 });

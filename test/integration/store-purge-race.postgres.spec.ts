@@ -38,7 +38,7 @@ async function lockWaiters(): Promise<string[]> {
 
 /**
  * Interleaving: retryDead's UPDATE is queued on the row first, purge/cleanup's DELETE second
- * (its subquery already saw the row dead). A third session's short row lock only lines them up.
+ * (its subquery sees the row dead). A third session's short row lock only lines them up.
  */
 async function raceRetryWith(
   queue: string,
@@ -52,8 +52,13 @@ async function raceRetryWith(
     await holder.query(`SELECT 1 FROM "${db.schema}".jobs WHERE id = $1 FOR UPDATE`, [jobId]);
     const retry = db.store.retryDead(queue, [jobId]);
     await waitFor(lockWaiters, (w) => w.some((q) => q.startsWith('UPDATE')), { what: 'retryDead to wait' });
-    const removal = remover();
-    await waitFor(lockWaiters, (w) => w.some((q) => q.startsWith('DELETE')), { what: 'the delete to wait' });
+    let removed = false;
+    const removal = remover().finally(() => (removed = true));
+    // The DELETE either waits on the row (cleanup re-checks after the wait) or skips it and
+    // finishes (purgeDead locks with SKIP LOCKED): either way it has met the row lock.
+    await waitFor(async () => removed || (await lockWaiters()).some((q) => q.startsWith('DELETE')), Boolean, {
+      what: 'the delete to wait on the row or to finish',
+    });
     await holder.query('COMMIT');
     const [retried] = await Promise.all([retry, removal]);
     return { retried };

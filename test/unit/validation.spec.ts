@@ -27,6 +27,10 @@ describe('enqueue arguments are checked before any SQL runs', () => {
     // 32 three-byte characters plus 8 bytes of JSON: 104 bytes, over 100; 30 of them fit.
     expect(() => prepareJob('q', { s: '€'.repeat(32) }, {}, limits)).toThrow(/104 bytes of JSON/);
     expect(prepareJob('q', { s: '€'.repeat(30) }, {}, limits).payload).toContain('€');
+    // A pair of surrogates is one character (here U+1F600), stored as is.
+    expect(prepareJob('q', { s: '\ud83d\ude00' }, { idempotencyKey: 'k\ud83d\ude00' }, limits).payload).toBe(
+      '{"s":"\ud83d\ude00"}',
+    );
   });
 
   it.each([
@@ -39,11 +43,22 @@ describe('enqueue arguments are checked before any SQL runs', () => {
       () => prepareJob('q', 'x'.repeat(200), {}, limits),
       /202 bytes of JSON, over the limit of 100/,
     ],
-    ['a payload with U+0000', () => prepareJob('q', { s: 'a\u0000' }, {}, limits), /contains the character U\+0000/],
+    ['a payload with U+0000', () => prepareJob('q', { s: 'a\u0000' }, {}, limits), /contains U\+0000/],
+    ['a payload with an unpaired surrogate', () => prepareJob('q', { s: 'a\ud800' }, {}, limits), /unpaired surrogate/],
+    [
+      'an idempotency key with U+0000',
+      () => prepareJob('q', {}, { idempotencyKey: 'k\u0000' }, limits),
+      /idempotencyKey contains U\+0000/,
+    ],
+    [
+      'a group key with an unpaired surrogate',
+      () => prepareJob('q', {}, { groupKey: '\udc00g' }, limits),
+      /groupKey contains U\+0000 or an unpaired surrogate/,
+    ],
     [
       'a payload key with U+0000 after an escaped backslash',
       () => prepareJob('q', { ['\\\u0000']: 1 }, {}, limits),
-      /contains the character U\+0000/,
+      /contains U\+0000/,
     ],
     ['a negative delay', () => prepareJob('q', {}, { delayMs: -1 }, limits), /delayMs must be an integer from 0/],
     ['a fractional delay', () => prepareJob('q', {}, { delayMs: 1.5 }, limits), /delayMs/],

@@ -133,11 +133,25 @@ export function prepareJob(
   };
 }
 
+/**
+ * A \u0000 escape, or the escape JSON.stringify writes for an unpaired surrogate, in JSON text:
+ * preceded by an even number of backslashes (none escaped it). jsonb refuses both.
+ */
+const UNSTORABLE_ESCAPE = /(?:^|[^\\])(?:\\\\)*\\u(?:0000|d[89a-f][0-9a-f]{2})/;
+/** U+0000 or an unpaired surrogate in a string (node-postgres would turn the latter into U+FFFD). */
+// eslint-disable-next-line no-control-regex -- finding U+0000 is the point
+const UNSTORABLE_CHAR = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
 function optionalKey(name: string, value: unknown, queue: string, at: string): string | null {
   if (value === undefined || value === null) return null;
   if (typeof value !== 'string' || value.length === 0 || value.length > KEY_MAX_LENGTH) {
     throw new SqlQueueValidationError(
       `enqueue to '${queue}'${at}: ${name} must be a non-empty string of at most ${KEY_MAX_LENGTH} characters, got ${describe(value)}`,
+    );
+  }
+  if (UNSTORABLE_CHAR.test(value)) {
+    throw new SqlQueueValidationError(
+      `enqueue to '${queue}'${at}: ${name} contains U+0000 or an unpaired surrogate, which cannot be stored as text`,
     );
   }
   // SQL Server ignores trailing spaces when comparing strings: 'k' and 'k ' would be one key
@@ -149,9 +163,6 @@ function optionalKey(name: string, value: unknown, queue: string, at: string): s
   }
   return value;
 }
-
-/** A \u0000 escape in JSON text: preceded by an even number of backslashes (none escaped it). */
-const NUL_ESCAPE = /(?:^|[^\\])(?:\\\\)*\\u0000/;
 
 function serializePayload(payload: unknown, maxBytes: number, queue: string, at: string): string {
   let json: string | undefined;
@@ -176,11 +187,11 @@ function serializePayload(payload: unknown, maxBytes: number, queue: string, at:
       );
     }
   }
-  // PostgreSQL's jsonb cannot hold U+0000; refusing it here keeps both dialects alike and the
-  // whole batch intact, instead of a database error after the call started.
-  if (json.includes('\\u0000') && NUL_ESCAPE.test(json)) {
+  // PostgreSQL's jsonb cannot hold U+0000 or an unpaired surrogate; refusing them here keeps both
+  // dialects alike and the whole batch intact, instead of a database error after the call started.
+  if (json.includes('\\u') && UNSTORABLE_ESCAPE.test(json)) {
     throw new SqlQueueValidationError(
-      `enqueue to '${queue}'${at}: payload contains the character U+0000, which PostgreSQL's jsonb cannot store`,
+      `enqueue to '${queue}'${at}: payload contains U+0000 or an unpaired surrogate, which PostgreSQL's jsonb cannot store`,
     );
   }
   return json;

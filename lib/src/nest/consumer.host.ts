@@ -98,10 +98,4 @@ export class SqlQueueConsumerHost implements OnModuleInit, OnApplicationBootstra
   get enabled(): boolean {
     return this.runtime.options.consumer.enabled;
   }
-
-  /** Guards against using the host before bootstrap in custom code. */
-  requireStarted(): SqlQueueConsumer {
-    if (!this.consumer) throw new SqlQueueConfigError('the SqlQueue consumer has not bootstrapped yet');
-    return this.consumer;
-  }
 }

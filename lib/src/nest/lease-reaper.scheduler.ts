@@ -5,6 +5,7 @@ import {
   Optional,
   type BeforeApplicationShutdown,
   type OnApplicationBootstrap,
+  type OnModuleInit,
 } from '@nestjs/common';
 import { SchedulerRegistry } from '@nestjs/schedule';
 import { SqlQueueConfigError } from '../core/errors.js';
@@ -21,7 +22,7 @@ import type { SqlQueueRuntime } from './sql-queue.runtime.js';
  * logged (throttled) and never escape the timer, and every instance may run it at once.
  */
 @Injectable()
-export class LeaseReaperScheduler implements OnApplicationBootstrap, BeforeApplicationShutdown {
+export class LeaseReaperScheduler implements OnModuleInit, OnApplicationBootstrap, BeforeApplicationShutdown {
   private readonly logger = new Logger('SqlQueue');
   private readonly names: string[] = [];
   private readonly inFlight = new Set<Promise<void>>();
@@ -31,14 +32,21 @@ export class LeaseReaperScheduler implements OnApplicationBootstrap, BeforeAppli
     @Optional() private readonly registry?: SchedulerRegistry,
   ) {}
 
-  onApplicationBootstrap(): void {
-    const { reaper, retention, schema } = this.runtime.options;
-    if (!reaper.enabled && !retention.enabled) return;
-    if (!this.registry) {
+  /** Checked at module init, before anything starts: a failed init leaves nothing running. */
+  async onModuleInit(): Promise<void> {
+    const { reaper, retention } = this.runtime.options;
+    if ((reaper.enabled || retention.enabled) && !this.registry) {
+      // Nest never hands out a context whose init failed, so nobody could close this pool later.
+      await this.runtime.close().catch(() => undefined);
       throw new SqlQueueConfigError(
         'SqlQueueModule schedules its lease reaper with @nestjs/schedule: import ScheduleModule.forRoot() in your application module, or set reaper.enabled and retention.enabled to false',
       );
     }
+  }
+
+  onApplicationBootstrap(): void {
+    const { reaper, retention, schema } = this.runtime.options;
+    if (!reaper.enabled && !retention.enabled) return;
     if (reaper.enabled) {
       const errors = new ThrottledErrorLog(this.logger, 'lease reaper', Date.now);
       this.schedule(

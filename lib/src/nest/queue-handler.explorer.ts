@@ -26,6 +26,10 @@ export class QueueHandlerExplorer {
     // decorator ran on, so a subclass provided with useClass would be missed without a word.
     // The metadata lookup follows the prototype chain, so inherited @QueueHandler counts.
     for (const wrapper of this.discovery.getProviders()) {
+      // A value provider may be null, undefined or prototype-less: no class, so no handler.
+      const target =
+        (wrapper.instance as { constructor?: unknown } | null | undefined)?.constructor ?? wrapper.metatype;
+      if (typeof target !== 'function') continue;
       const metadata = this.discovery.getMetadataByDecorator(QueueHandlerMarker, wrapper);
       if (!metadata) continue;
       const handler = this.check(wrapper, metadata.queue, metadata.options);

@@ -5,8 +5,8 @@ import { quotePgIdentifier } from './postgres.identifiers.js';
  * text spliced in is the schema name, validated at boot and quoted here.
  *
  * Batches travel in one round trip: as typed arrays expanded with unnest (bulk enqueue), or as
- * one jsonb parameter expanded with jsonb_array_elements (uniform bulk enqueue) or
- * jsonb_to_recordset; the same text for node-postgres and PGlite.
+ * one json parameter expanded with json_array_elements (uniform bulk enqueue) or one jsonb
+ * parameter expanded with jsonb_to_recordset; the same text for node-postgres and PGlite.
  *
  * Times come from the database clock (now()). In autocommit, now() is the statement's time; the
  * enqueue statements, which may run in a caller's transaction, use statement_timestamp(), so a
@@ -77,12 +77,13 @@ FROM input LEFT JOIN inserted ON inserted.id = input.id
 ORDER BY input.ord`,
 
     // The common bulk case: no idempotency keys and the same options for every job, so only
-    // the payloads travel, as one JSON array ($2); the rest are scalars ($3 priority, $4 run_at,
+    // the payloads travel, as one JSON array ($2: json, split before each payload becomes jsonb,
+    // so the batch is not bound by jsonb's 256 MB per value); the rest are scalars ($3 priority, $4 run_at,
     // $5 delay_ms, $6 group_key, $7 max_attempts). Every row is inserted (no conflict target),
     // so the ids drawn in input order are the answer.
     enqueueManyUniform: `WITH input AS MATERIALIZED (
-  SELECT p AS payload, ord, nextval('${jobIdSeq}') AS id
-  FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS t(p, ord)
+  SELECT p::jsonb AS payload, ord, nextval('${jobIdSeq}') AS id
+  FROM json_array_elements($2::json) WITH ORDINALITY AS t(p, ord)
 ), inserted AS (
   INSERT INTO ${jobs} (id, queue, state, payload, priority, run_at, group_key, max_attempts, created_at)
   SELECT id, $1, 'ready', payload, $3, COALESCE($4::timestamptz, statement_timestamp() + $5::float8 * interval '1 millisecond'),
@@ -258,18 +259,20 @@ SET state = 'ready', attempts = 0, run_at = now(), finished_at = NULL, claim_tok
 WHERE queue = $1 AND state = 'dead'
 RETURNING id::text AS id`,
 
-    // $1 queue, $2 older-than ms (0 for all), $3 batch size
-    // The outer DELETE repeats the conditions: after waiting on a row that retryDead was moving
-    // back to ready, READ COMMITTED re-checks only the DELETE's own WHERE, not the subquery's.
+    // $1 queue, $2 older-than ms (0 for all), $3 batch size. The rows are locked where they are
+    // chosen: FOR UPDATE re-checks the conditions on a row another statement changed (a dead job
+    // retryDead moved back to ready is no longer chosen), and SKIP LOCKED never waits on one.
     purgeDead: `DELETE FROM ${jobs} WHERE id IN (
   SELECT id FROM ${jobs}
   WHERE queue = $1 AND state = 'dead' AND finished_at <= now() - $2::float8 * interval '1 millisecond'
   ORDER BY id LIMIT $3
-) AND queue = $1 AND state = 'dead' AND finished_at <= now() - $2::float8 * interval '1 millisecond'`,
+  FOR UPDATE SKIP LOCKED
+)`,
 
     // $1 done retention ms, $2 idempotency retention ms, $3 dead retention ms (null: keep), $4 batch.
     // The outer conditions re-check, after a row lock wait, that the row is still finished (a
-    // retried dead job is ready again; finished_at is cleared then).
+    // retried dead job is ready again; finished_at is cleared then). FOR UPDATE SKIP LOCKED, as
+    // in purgeDead, is not allowed in the branches of a UNION.
     cleanup: `DELETE FROM ${jobs} WHERE id IN (
   (SELECT id FROM ${jobs}
    WHERE state = 'done' AND finished_at < now() - $1::float8 * interval '1 millisecond'

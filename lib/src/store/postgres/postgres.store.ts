@@ -391,8 +391,8 @@ export class PostgresQueueStore implements QueueStore {
 }
 
 /**
- * Payload characters above which a uniform batch goes through the general statement: the
- * document form must stay under jsonb's 256 MB limit (a character is at most 3 UTF-8 bytes).
+ * Payload characters above which a uniform batch goes through the general statement, keeping
+ * the one text parameter well under PostgreSQL's 1 GB limit (a character is at most 3 UTF-8 bytes).
  */
 const UNIFORM_DOCUMENT_MAX_CHARS = 64 * 1024 * 1024;
 
