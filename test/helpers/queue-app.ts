@@ -3,8 +3,9 @@ import { Module } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { ScheduleModule } from '@nestjs/schedule';
 import { SqlQueueModule, type SqlQueueModuleOptions } from '../../lib/src/index.js';
+import { afterAll, afterEach } from 'vitest';
 import { CaptureLogger } from './capture-logger.js';
-import { PG_URL } from './databases.js';
+import { dropPgSchema, PG_URL, uniqueSchema } from './databases.js';
 
 export interface QueueAppOptions {
   schema: string;
@@ -40,4 +41,31 @@ export async function createQueueApp(
   class TestAppModule {}
   const app = await NestFactory.createApplicationContext(TestAppModule, { logger, abortOnError: false });
   return { app, logger };
+}
+
+/**
+ * A test file's own schema and the applications its tests boot there: each closed after its
+ * test (even a failed one), the schema dropped after the file.
+ */
+export function queueAppSuite(prefix: string) {
+  const schema = uniqueSchema(prefix);
+  const apps: INestApplicationContext[] = [];
+  afterEach(async () => {
+    await Promise.all(apps.splice(0).map((app) => app.close().catch(() => undefined)));
+  });
+  afterAll(() => dropPgSchema(schema));
+  return {
+    schema,
+    /** Boots an application in this schema; it is closed after the test. */
+    async boot(options: Omit<QueueAppOptions, 'schema'> & { schema?: string } = {}) {
+      const created = await createQueueApp({ schema, ...options });
+      apps.push(created.app);
+      return created;
+    },
+    /** For an application the test closes itself. */
+    forget(app: INestApplicationContext): void {
+      const index = apps.indexOf(app);
+      if (index >= 0) apps.splice(index, 1);
+    },
+  };
 }

@@ -1,6 +1,6 @@
 import { Controller, Inject, Injectable, Module, Scope } from '@nestjs/common';
 import pg from 'pg';
-import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import {
   QueueHandler,
   QueueProducer,
@@ -14,30 +14,17 @@ import {
   type QueueEventListener,
   type SqlQueueModuleOptions,
 } from '../../lib/src/index.js';
-import { dropPgSchema, PG_URL, sql, uniqueSchema } from '../helpers/databases.js';
-import { createQueueApp } from '../helpers/queue-app.js';
+import { PG_URL, sql } from '../helpers/databases.js';
+import { queueAppSuite } from '../helpers/queue-app.js';
 import { deferred, waitFor } from '../helpers/wait-for.js';
 
-const schema = uniqueSchema('module');
-const apps: { close(): Promise<void> }[] = [];
+const { schema, boot, forget } = queueAppSuite('module');
 const connection = { dialect: 'postgres' as const, url: PG_URL, poolSize: 6 };
-
-async function boot(options: Parameters<typeof createQueueApp>[0]) {
-  const created = await createQueueApp(options);
-  apps.push(created.app);
-  return created;
-}
 
 /** A statement on the test database, seen from outside the application. */
 function query<R extends Record<string, unknown>>(text: string, params: unknown[] = []): Promise<R[]> {
   return sql<R>(PG_URL, text, params);
 }
-
-afterEach(async () => {
-  await Promise.all(apps.splice(0).map((app) => app.close().catch(() => undefined)));
-});
-
-afterAll(() => dropPgSchema(schema));
 
 describe('SqlQueueModule: registration', () => {
   it('forRoot provides a working producer', async () => {
@@ -461,7 +448,7 @@ describe('SqlQueueModule: running jobs', () => {
     );
     const runningAtClose = startedJobs.length;
     await app.close();
-    apps.splice(apps.indexOf(app), 1);
+    forget(app);
     expect(finished.length).toBe(runningAtClose);
     const rows = await query<{ state: string; n: number; attempts_sum: number }>(
       `SELECT state, count(*)::int AS n, sum(attempts)::int AS attempts_sum FROM "${schema}".jobs WHERE queue = 'drain' GROUP BY state ORDER BY state`,
@@ -506,7 +493,7 @@ describe('SqlQueueModule: running jobs', () => {
     const { jobId } = await app.get(QueueProducer).enqueue('stubborn', {});
     await started.promise;
     await app.close();
-    apps.splice(apps.indexOf(app), 1);
+    forget(app);
     expect(reason).toBeInstanceOf(SqlQueueShutdownError);
     const [row] = await query<{ state: string; attempts: number }>(
       `SELECT state, attempts FROM "${schema}".jobs WHERE id = $1`,

@@ -1,8 +1,7 @@
 import { Injectable, Module } from '@nestjs/common';
-import { afterAll, afterEach, expect, it } from 'vitest';
+import { expect, it } from 'vitest';
 import { QueueHandler, QueueProducer, SqlQueueConsumerHost } from '../../lib/src/index.js';
-import { dropPgSchema, uniqueSchema } from '../helpers/databases.js';
-import { createQueueApp } from '../helpers/queue-app.js';
+import { queueAppSuite } from '../helpers/queue-app.js';
 import { deferred } from '../helpers/wait-for.js';
 
 // Regression, found in review. Before the fix: a handler chosen at configuration time by subclass
@@ -12,12 +11,7 @@ import { deferred } from '../helpers/wait-for.js';
 // although getMetadataByDecorator (Reflect.getMetadata) does see the inherited metadata. The queue
 // is not consumed, no warning, jobs wait forever.
 
-const schema = uniqueSchema('rv_disc');
-const apps: { close(): Promise<void> }[] = [];
-afterEach(async () => {
-  await Promise.all(apps.splice(0).map((app) => app.close().catch(() => undefined)));
-});
-afterAll(() => dropPgSchema(schema));
+const { boot } = queueAppSuite('disc');
 
 it('consumes the queue of a @QueueHandler class provided through useClass with a subclass', async () => {
   const ran = deferred<string>();
@@ -37,8 +31,7 @@ it('consumes the queue of a @QueueHandler class provided through useClass with a
   @Module({ providers: [{ provide: EmailHandler, useClass: SmtpEmailHandler }] })
   class EmailsModule {}
 
-  const { app } = await createQueueApp({ schema, imports: [EmailsModule] });
-  apps.push(app);
+  const { app } = await boot({ imports: [EmailsModule] });
 
   expect(app.get(EmailHandler)).toBeInstanceOf(SmtpEmailHandler);
   // Fails: the consumer has no reader for the queue, so the job below would never run.

@@ -1,8 +1,7 @@
 import { Injectable, type OnModuleInit } from '@nestjs/common';
-import { afterAll, afterEach, expect, it } from 'vitest';
+import { expect, it } from 'vitest';
 import { QueueHandler, QueueProducer, type JobId } from '../../lib/src/index.js';
-import { dropPgSchema, uniqueSchema } from '../helpers/databases.js';
-import { createQueueApp } from '../helpers/queue-app.js';
+import { queueAppSuite } from '../helpers/queue-app.js';
 
 // Regression, found in review. Before the fix: the handler's options reach the producer
 // (runtime.handlerOptions, used for the maxAttempts stored with each job) only when
@@ -11,12 +10,7 @@ import { createQueueApp } from '../helpers/queue-app.js';
 // SqlQueueModule -- stores the module or built-in default (25) instead of @QueueHandler's
 // maxAttempts, and that job then retries 25 times although its handler says 7.
 
-const schema = uniqueSchema('rv_early');
-const apps: { close(): Promise<void> }[] = [];
-afterEach(async () => {
-  await Promise.all(apps.splice(0).map((app) => app.close().catch(() => undefined)));
-});
-afterAll(() => dropPgSchema(schema));
+const { boot } = queueAppSuite('early');
 
 it('stores the handler maxAttempts for a job enqueued during onModuleInit', async () => {
   @QueueHandler('review.early', { maxAttempts: 7 })
@@ -31,13 +25,11 @@ it('stores the handler maxAttempts for a job enqueued during onModuleInit', asyn
       this.jobId = (await this.producer.enqueue('review.early', { seed: true })).jobId;
     }
   }
-  const { app } = await createQueueApp({
-    schema,
+  const { app } = await boot({
     providers: [EarlyHandler, Seeder],
     // Not consumed here, so the stored row can be read as enqueued.
     module: { consumer: { enabled: false } },
   });
-  apps.push(app);
 
   const producer = app.get(QueueProducer);
   const late = await producer.enqueue('review.early', { seed: false });

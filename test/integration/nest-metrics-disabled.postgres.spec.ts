@@ -1,9 +1,8 @@
-import { afterAll, afterEach, expect, it } from 'vitest';
+import { expect, it } from 'vitest';
 import { QueueHandler, SqlQueueMetrics } from '../../lib/src/index.js';
 import { SqlQueuePrometheusExporter, SqlQueuePrometheusModule } from '../../lib/src/prometheus.js';
-import { dropPgSchema, uniqueSchema } from '../helpers/databases.js';
 import { parsePrometheusText } from '../helpers/prometheus-text.js';
-import { createQueueApp } from '../helpers/queue-app.js';
+import { queueAppSuite } from '../helpers/queue-app.js';
 
 // Regression, found in review. Before the fix: with consumer.enabled: false (a producer-only
 // deployment of the same code base, so the @QueueHandler classes are still there),
@@ -13,25 +12,18 @@ import { createQueueApp } from '../helpers/queue-app.js';
 // sqlqueue_claim_loop_idle_seconds that grows from boot forever -- an idle-loop alert fires on
 // every producer-only pod.
 
-const schema = uniqueSchema('rv_mdis');
-const apps: { close(): Promise<void> }[] = [];
-afterEach(async () => {
-  await Promise.all(apps.splice(0).map((app) => app.close().catch(() => undefined)));
-});
-afterAll(() => dropPgSchema(schema));
+const { boot } = queueAppSuite('mdis');
 
 it('reports no reader state for queues a producer-only process does not consume', async () => {
   @QueueHandler('review.producer-only')
   class Handler {
     async handle() {}
   }
-  const { app } = await createQueueApp({
-    schema,
+  const { app } = await boot({
     providers: [Handler],
     module: { consumer: { enabled: false } },
     imports: [SqlQueuePrometheusModule.forRoot({})],
   });
-  apps.push(app);
 
   const figures = app
     .get(SqlQueueMetrics)
