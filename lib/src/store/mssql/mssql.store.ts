@@ -1,6 +1,7 @@
 import sql from 'mssql';
-import { SqlQueueSchemaError, SqlQueueTransactionError, SqlQueueValidationError } from '../../core/errors.js';
+import { SqlQueueTransactionError, SqlQueueValidationError } from '../../core/errors.js';
 import type { MigrationMode, QueueStore, SchemaStatus } from '../../core/queue-store.js';
+import { assertSchemaVersion } from '../../core/schema-version.js';
 import type {
   AttemptRecord,
   CleanupRequest,
@@ -80,13 +81,13 @@ export class MssqlQueueStore implements QueueStore {
     const pool = await this.connected();
     if (mode === 'check') {
       const current = await this.readVersion(pool.request());
-      this.assertVersion(current, 'check');
+      assertSchemaVersion('mssql', this.schema, current, MSSQL_LATEST_VERSION, 'check');
       return { current, latest: MSSQL_LATEST_VERSION };
     }
     // Already current: nothing to install, so no lock, no transaction and no DDL.
     const installed = await this.readVersion(pool.request());
     if (installed >= MSSQL_LATEST_VERSION) {
-      this.assertVersion(installed, 'auto');
+      assertSchemaVersion('mssql', this.schema, installed, MSSQL_LATEST_VERSION, 'auto');
       return { current: installed, latest: MSSQL_LATEST_VERSION };
     }
     const transaction = new sql.Transaction(pool);
@@ -100,7 +101,7 @@ export class MssqlQueueStore implements QueueStore {
         .batch(mssqlMigrationLock());
       for (const batch of mssqlBootstrap(this.schema)) await request().batch(batch);
       const current = await this.readVersion(request());
-      this.assertVersion(current, 'auto');
+      assertSchemaVersion('mssql', this.schema, current, MSSQL_LATEST_VERSION, 'auto');
       for (const migration of MSSQL_MIGRATIONS.filter((m) => m.version > current)) {
         for (const batch of migration.batches(this.schema)) await request().batch(batch);
         await request()
@@ -119,19 +120,6 @@ export class MssqlQueueStore implements QueueStore {
   private async readVersion(request: sql.Request): Promise<number> {
     const result = await request.batch<{ Version: number }>(mssqlReadVersion(this.schema));
     return Number(result.recordset?.[0]?.Version ?? 0);
-  }
-
-  private assertVersion(current: number, mode: 'auto' | 'check'): void {
-    if (current > MSSQL_LATEST_VERSION) {
-      throw new SqlQueueSchemaError(
-        `schema [${this.schema}] is at version ${current}, newer than this nestjs-sql-queue (knows up to ${MSSQL_LATEST_VERSION}): upgrade the package before running it against this database`,
-      );
-    }
-    if (mode === 'check' && current < MSSQL_LATEST_VERSION) {
-      throw new SqlQueueSchemaError(
-        `schema [${this.schema}] is at version ${current}, this nestjs-sql-queue needs ${MSSQL_LATEST_VERSION}: set migrations: 'auto', or apply the script from \`npx nestjs-sql-queue sql --dialect mssql --schema ${this.schema} --from ${current}\``,
-      );
-    }
   }
 
   async enqueue(jobs: readonly NewJob[], transaction?: unknown): Promise<EnqueueResult[]> {

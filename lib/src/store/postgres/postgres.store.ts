@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
-import { SqlQueueSchemaError, SqlQueueValidationError } from '../../core/errors.js';
+import { SqlQueueValidationError } from '../../core/errors.js';
 import type { MigrationMode, QueueStore, SchemaStatus } from '../../core/queue-store.js';
+import { assertSchemaVersion } from '../../core/schema-version.js';
 import type {
   AttemptRecord,
   CleanupRequest,
@@ -65,14 +66,14 @@ export class PostgresQueueStore implements QueueStore {
     if (mode === 'off') return { current: -1, latest: PG_LATEST_VERSION };
     if (mode === 'check') {
       const current = await this.readVersion(this.driver);
-      this.assertVersion(current, 'check');
+      assertSchemaVersion('postgres', this.schema, current, PG_LATEST_VERSION, 'check');
       return { current, latest: PG_LATEST_VERSION };
     }
     // Already current: nothing to install, so no lock and no DDL (an application login without
     // CREATE rights boots with the default 'auto' once a DBA has installed the schema).
     const installed = await this.readVersion(this.driver);
     if (installed >= PG_LATEST_VERSION) {
-      this.assertVersion(installed, 'auto');
+      assertSchemaVersion('postgres', this.schema, installed, PG_LATEST_VERSION, 'auto');
       return { current: installed, latest: PG_LATEST_VERSION };
     }
     return this.driver.transaction(async (client) => {
@@ -80,7 +81,7 @@ export class PostgresQueueStore implements QueueStore {
       await client.query('SELECT pg_advisory_xact_lock(hashtext($1))', [pgMigrationLockKey(this.schema)]);
       for (const statement of pgBootstrap(this.schema)) await client.query(statement);
       const current = await this.readVersion(client);
-      this.assertVersion(current, 'auto');
+      assertSchemaVersion('postgres', this.schema, current, PG_LATEST_VERSION, 'auto');
       for (const migration of PG_MIGRATIONS.filter((m) => m.version > current)) {
         for (const statement of migration.statements(this.schema)) await client.query(statement);
         await client.query(`INSERT INTO ${this.versionTable()} (version, description) VALUES ($1, $2)`, [
@@ -105,19 +106,6 @@ export class PostgresQueueStore implements QueueStore {
       `SELECT max(version) AS version FROM ${this.versionTable()}`,
     );
     return Number(result.rows[0]?.version ?? 0);
-  }
-
-  private assertVersion(current: number, mode: 'auto' | 'check'): void {
-    if (current > PG_LATEST_VERSION) {
-      throw new SqlQueueSchemaError(
-        `schema "${this.schema}" is at version ${current}, newer than this nestjs-sql-queue (knows up to ${PG_LATEST_VERSION}): upgrade the package before running it against this database`,
-      );
-    }
-    if (mode === 'check' && current < PG_LATEST_VERSION) {
-      throw new SqlQueueSchemaError(
-        `schema "${this.schema}" is at version ${current}, this nestjs-sql-queue needs ${PG_LATEST_VERSION}: set migrations: 'auto', or apply the script from \`npx nestjs-sql-queue sql --dialect postgres --schema ${this.schema} --from ${current}\``,
-      );
-    }
   }
 
   async enqueue(jobs: readonly NewJob[], transaction?: unknown): Promise<EnqueueResult[]> {
