@@ -4,7 +4,7 @@ import { ThrottledErrorLog, type QueueLogger } from './logger.js';
 import type { ResolvedQueueOptions } from './options.js';
 import type { QueueStore } from './queue-store.js';
 import { settleWithin, withTimeout } from './timeout.js';
-import type { ClaimedJob, OwnershipOutcome } from './types.js';
+import type { ClaimedJob } from './types.js';
 
 /** A job this process holds a lease on, from claim until its outcome is recorded. */
 export interface HeldJob {
@@ -185,16 +185,10 @@ export class JobAcker {
 
   private async flushCompletes(items: Pending[]): Promise<boolean> {
     if (items.length === 0) return true;
-    let results;
-    try {
-      results = await this.bounded(
-        this.deps.store.complete(items.map(({ held }) => ({ id: held.job.id, claimToken: held.job.claimToken }))),
-        'recording completions',
-      );
-    } catch (error) {
-      this.requeue(this.completes, items, error);
-      return false;
-    }
+    const results = await this.send(items, this.completes, 'recording completions', () =>
+      this.deps.store.complete(owned(items)),
+    );
+    if (!results) return false;
     const outcomes = new Map(results.map((r) => [r.id, r.outcome]));
     const now = this.deps.clock.now();
     for (const { held } of items) {
@@ -218,26 +212,20 @@ export class JobAcker {
 
   private async flushFailures(items: PendingFailure[]): Promise<boolean> {
     if (items.length === 0) return true;
-    let results;
-    try {
-      results = await this.bounded(
-        this.deps.store.fail(
-          items.map(({ held, error, delayMs, dead }) => ({
-            id: held.job.id,
-            claimToken: held.job.claimToken,
-            error: truncate(errorMessage(error), ERROR_TEXT_LIMIT),
-            stack: error instanceof Error && error.stack ? truncate(error.stack, STACK_TEXT_LIMIT) : null,
-            retryDelayMs: delayMs,
-            dead,
-            workerId: this.deps.workerId,
-          })),
-        ),
-        'recording failures',
-      );
-    } catch (error) {
-      this.requeue(this.failures, items, error);
-      return false;
-    }
+    const results = await this.send(items, this.failures, 'recording failures', () =>
+      this.deps.store.fail(
+        items.map(({ held, error, delayMs, dead }) => ({
+          id: held.job.id,
+          claimToken: held.job.claimToken,
+          error: truncate(errorMessage(error), ERROR_TEXT_LIMIT),
+          stack: error instanceof Error && error.stack ? truncate(error.stack, STACK_TEXT_LIMIT) : null,
+          retryDelayMs: delayMs,
+          dead,
+          workerId: this.deps.workerId,
+        })),
+      ),
+    );
+    if (!results) return false;
     const byId = new Map(results.map((r) => [r.id, r]));
     for (const item of items) {
       const { job } = item.held;
@@ -273,16 +261,10 @@ export class JobAcker {
 
   private async flushReleases(items: Pending[]): Promise<boolean> {
     if (items.length === 0) return true;
-    let results: { id: string; outcome: OwnershipOutcome }[];
-    try {
-      results = await this.bounded(
-        this.deps.store.release(items.map(({ held }) => ({ id: held.job.id, claimToken: held.job.claimToken }))),
-        'giving back jobs',
-      );
-    } catch (error) {
-      this.requeue(this.releases, items, error);
-      return false;
-    }
+    const results = await this.send(items, this.releases, 'giving back jobs', () =>
+      this.deps.store.release(owned(items)),
+    );
+    if (!results) return false;
     const outcomes = new Map(results.map((r) => [r.id, r.outcome]));
     for (const { held, retried } of items) {
       // A give-back has no 'already' answer: after a failed try, 'lost' most likely means the
@@ -291,6 +273,21 @@ export class JobAcker {
       this.onSettled(held);
     }
     return true;
+  }
+
+  /** One bounded outcome statement; on failure the items go back to their queue (or are given up). */
+  private async send<T extends Pending, R>(
+    items: T[],
+    queue: T[],
+    what: string,
+    statement: () => Promise<R>,
+  ): Promise<R | null> {
+    try {
+      return await this.bounded(statement(), what);
+    } catch (error) {
+      this.requeue(queue, items, error);
+      return null;
+    }
   }
 
   private requeue<T extends Pending>(queue: T[], items: T[], error: unknown): void {
@@ -321,6 +318,10 @@ export class JobAcker {
     );
     safeEmit(this.deps.listeners, 'lostOwnership', { queue: job.queue, jobId: job.id, during, outcome: 'lost' });
   }
+}
+
+function owned(items: readonly Pending[]): { id: string; claimToken: string }[] {
+  return items.map(({ held }) => ({ id: held.job.id, claimToken: held.job.claimToken }));
 }
 
 function errorMessage(error: unknown): string {
