@@ -35,6 +35,23 @@ function job(queue: string, payload: unknown, options?: EnqueueOptions): NewJob 
   return prepareJob(queue, payload, options, LIMITS);
 }
 
+/** The failure report for a claimed job: retried at once, no stack, unless the options say otherwise. */
+function failure(
+  claimed: { id: string; claimToken: string },
+  error: string,
+  options: { dead?: boolean; retryDelayMs?: number; stack?: string | null } = {},
+) {
+  return {
+    id: claimed.id,
+    claimToken: claimed.claimToken,
+    error,
+    stack: options.stack ?? null,
+    retryDelayMs: options.retryDelayMs ?? 0,
+    dead: options.dead ?? false,
+    workerId: WORKER,
+  };
+}
+
 export function describeStoreContract(target: StoreTarget): void {
   describe(`QueueStore contract: ${target.name}`, () => {
     const schema = uniqueSchema(target.name.replace(/\W/g, '').toLowerCase());
@@ -359,9 +376,7 @@ export function describeStoreContract(target: StoreTarget): void {
 
         const stale = { id: first.id, claimToken: first.claimToken };
         expect(await store.complete([stale])).toEqual([{ id: first.id, outcome: 'lost' }]);
-        expect(
-          await store.fail([{ ...stale, error: 'stale', stack: null, retryDelayMs: 0, dead: false, workerId: WORKER }]),
-        ).toEqual([{ id: first.id, outcome: 'lost', state: null }]);
+        expect(await store.fail([failure(stale, 'stale')])).toEqual([{ id: first.id, outcome: 'lost', state: null }]);
         expect(await store.heartbeat([{ ...stale, leaseMs: 60_000, maxDurationMs: null }])).toEqual([
           { id: first.id, outcome: 'lost', leaseUntil: null },
         ]);
@@ -445,17 +460,7 @@ export function describeStoreContract(target: StoreTarget): void {
         for (let attempt = 1; attempt <= 2; attempt++) {
           const claimed = await claimOne(queue);
           expect(claimed.attempt).toBe(attempt);
-          const [result] = await store.fail([
-            {
-              id: claimed.id,
-              claimToken: claimed.claimToken,
-              error: `boom ${attempt}`,
-              stack: null,
-              retryDelayMs: 0,
-              dead: false,
-              workerId: WORKER,
-            },
-          ]);
+          const [result] = await store.fail([failure(claimed, `boom ${attempt}`)]);
           expect(result!.state).toBe(attempt === 2 ? 'dead' : 'ready');
         }
         const record = await store.getJob(doomed!.jobId);
@@ -465,17 +470,7 @@ export function describeStoreContract(target: StoreTarget): void {
         const [poison] = await store.enqueue([job(queue, { n: 2 }, { maxAttempts: 10 })]);
         const claimed = await claimOne(queue);
         expect(claimed.id).toBe(poison!.jobId);
-        const [result] = await store.fail([
-          {
-            id: claimed.id,
-            claimToken: claimed.claimToken,
-            error: 'invalid payload',
-            stack: null,
-            retryDelayMs: 0,
-            dead: true,
-            workerId: WORKER,
-          },
-        ]);
+        const [result] = await store.fail([failure(claimed, 'invalid payload', { dead: true })]);
         expect(result!.state).toBe('dead');
         expect((await store.stats(queue)).dead).toBe(2);
       });
@@ -510,15 +505,7 @@ export function describeStoreContract(target: StoreTarget): void {
           ]),
         );
         const failed = await store.fail([
-          {
-            id: d.id,
-            claimToken: d.claimToken,
-            error: 'e1',
-            stack: null,
-            retryDelayMs: 0,
-            dead: false,
-            workerId: WORKER,
-          },
+          failure(d, 'e1'),
           {
             id: e.id,
             claimToken: f.claimToken,
@@ -614,29 +601,9 @@ export function describeStoreContract(target: StoreTarget): void {
         const oldest = await claimOne(queue, 1); // the old one, soon expired
         const leased = await claimOne(queue, 600_000);
         const toFail = await claimOne(queue, 600_000);
-        await store.fail([
-          {
-            id: toFail.id,
-            claimToken: toFail.claimToken,
-            error: 'x',
-            stack: null,
-            retryDelayMs: 0,
-            dead: true,
-            workerId: WORKER,
-          },
-        ]);
+        await store.fail([failure(toFail, 'x', { dead: true })]);
         const toRetry = await claimOne(queue, 600_000);
-        await store.fail([
-          {
-            id: toRetry.id,
-            claimToken: toRetry.claimToken,
-            error: 'y',
-            stack: null,
-            retryDelayMs: 0,
-            dead: false,
-            workerId: WORKER,
-          },
-        ]);
+        await store.fail([failure(toRetry, 'y')]);
         await waitFor(
           async () => (await store.stats(queue)).expiredLeases,
           (n) => n === 1,
@@ -657,17 +624,7 @@ export function describeStoreContract(target: StoreTarget): void {
         const queue = newQueue('deadadmin');
         await store.enqueue(Array.from({ length: 5 }, (_, i) => job(queue, { i }, { maxAttempts: 1 })));
         const claimed = await store.claim({ queue, limit: 5, leaseMs: 60_000, workerId: WORKER });
-        await store.fail(
-          claimed.map((c) => ({
-            id: c.id,
-            claimToken: c.claimToken,
-            error: `e${c.id}`,
-            stack: null,
-            retryDelayMs: 0,
-            dead: false,
-            workerId: WORKER,
-          })),
-        );
+        await store.fail(claimed.map((c) => failure(c, `e${c.id}`)));
         const page1 = await store.listDead(queue, { limit: 3 });
         expect(page1.jobs).toHaveLength(3);
         expect(page1.nextAfterId).toBe(page1.jobs[2]!.id);
@@ -694,17 +651,7 @@ export function describeStoreContract(target: StoreTarget): void {
         const count = 120;
         await store.enqueue(Array.from({ length: count }, (_, i) => job(queue, { i }, { maxAttempts: 1 })));
         const claimed = await store.claim({ queue, limit: count, leaseMs: 60_000, workerId: WORKER });
-        await store.fail(
-          claimed.map((c) => ({
-            id: c.id,
-            claimToken: c.claimToken,
-            error: 'e',
-            stack: null,
-            retryDelayMs: 0,
-            dead: true,
-            workerId: WORKER,
-          })),
-        );
+        await store.fail(claimed.map((c) => failure(c, 'e', { dead: true })));
         const seen: string[] = [];
         let afterId: string | null = null;
         for (;;) {
@@ -721,17 +668,7 @@ export function describeStoreContract(target: StoreTarget): void {
         const queue = newQueue('retryall');
         await store.enqueue(Array.from({ length: 3 }, (_, i) => job(queue, { i }, { maxAttempts: 1 })));
         const claimed = await store.claim({ queue, limit: 3, leaseMs: 60_000, workerId: WORKER });
-        await store.fail(
-          claimed.map((c) => ({
-            id: c.id,
-            claimToken: c.claimToken,
-            error: 'e',
-            stack: null,
-            retryDelayMs: 0,
-            dead: true,
-            workerId: WORKER,
-          })),
-        );
+        await store.fail(claimed.map((c) => failure(c, 'e', { dead: true })));
         expect((await store.retryDead(queue, 'all')).sort()).toEqual(claimed.map((c) => c.id).sort());
         expect((await store.stats(queue)).ready).toBe(3);
       });
@@ -785,17 +722,7 @@ export function describeStoreContract(target: StoreTarget): void {
 
       async function failOnce(queue: string, options: { dead?: boolean } = {}): Promise<ClaimedJob> {
         const claimed = await claimOne(queue, 600_000);
-        const [result] = await store.fail([
-          {
-            id: claimed.id,
-            claimToken: claimed.claimToken,
-            error: 'boom',
-            stack: null,
-            retryDelayMs: 0,
-            dead: options.dead ?? false,
-            workerId: WORKER,
-          },
-        ]);
+        const [result] = await store.fail([failure(claimed, 'boom', { dead: options.dead ?? false })]);
         expect(result!.outcome).toBe('ok');
         return claimed;
       }
