@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { safeEmit, type QueueEventListener } from '../../lib/src/core/events.js';
 import { QueueConsumer } from '../../lib/src/core/queue-consumer.js';
 import { engineDeps, queueOptions, recordUnhandledRejections, stopOnFakeClock } from '../helpers/engine.js';
-import { FakeClock } from '../helpers/fake-clock.js';
+import { FakeClock, settle } from '../helpers/fake-clock.js';
 import { MemoryStore } from '../helpers/memory-store.js';
 
 /**
@@ -21,7 +21,7 @@ describe('an async QueueEventListener that rejects', () => {
       },
     };
     safeEmit([listener], 'emptyClaim', { queue: 'q' });
-    await new Promise((resolve) => setTimeout(resolve, 20));
+    await settle(); // unhandled rejections are reported once the microtask queue drains
     expect(rejections).toEqual([]);
   });
 
@@ -42,7 +42,7 @@ describe('an async QueueEventListener that rejects', () => {
     consumer.start();
     await clock.advance(1_000);
     await stopOnFakeClock(consumer, clock);
-    await new Promise((resolve) => setTimeout(resolve, 20));
+    await settle(); // unhandled rejections are reported once the microtask queue drains
     expect(rejections).toEqual([]);
   });
 });
