@@ -34,9 +34,7 @@ export class SqlQueueConsumerHost implements OnModuleInit, OnApplicationBootstra
     try {
       this.consumer = this.prepareConsumer();
     } catch (error) {
-      // Nest never hands out a context whose init failed, so nobody could close this pool later.
-      await this.runtime.close().catch(() => undefined);
-      throw error;
+      await this.runtime.failBoot(error);
     }
   }
 

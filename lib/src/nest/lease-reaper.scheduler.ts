@@ -36,10 +36,10 @@ export class LeaseReaperScheduler implements OnModuleInit, OnApplicationBootstra
   async onModuleInit(): Promise<void> {
     const { reaper, retention } = this.runtime.options;
     if ((reaper.enabled || retention.enabled) && !this.registry) {
-      // Nest never hands out a context whose init failed, so nobody could close this pool later.
-      await this.runtime.close().catch(() => undefined);
-      throw new SqlQueueConfigError(
-        'SqlQueueModule schedules its lease reaper with @nestjs/schedule: import ScheduleModule.forRoot() in your application module, or set reaper.enabled and retention.enabled to false',
+      await this.runtime.failBoot(
+        new SqlQueueConfigError(
+          'SqlQueueModule schedules its lease reaper with @nestjs/schedule: import ScheduleModule.forRoot() in your application module, or set reaper.enabled and retention.enabled to false',
+        ),
       );
     }
   }

@@ -60,6 +60,15 @@ export class SqlQueueRuntime {
     );
   }
 
+  /**
+   * A boot check failed: Nest never hands out a context whose init failed, so nobody could
+   * close this pool later. Closes it, then rethrows the check's error.
+   */
+  async failBoot(error: unknown): Promise<never> {
+    await this.close().catch(() => undefined);
+    throw error;
+  }
+
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
