@@ -79,15 +79,10 @@ export class MssqlQueueStore implements QueueStore {
   async migrate(mode: MigrationMode): Promise<SchemaStatus> {
     if (mode === 'off') return { current: -1, latest: MSSQL_LATEST_VERSION };
     const pool = await this.connected();
-    if (mode === 'check') {
-      const current = await this.readVersion(pool.request());
-      assertSchemaVersion('mssql', this.schema, current, MSSQL_LATEST_VERSION, 'check');
-      return { current, latest: MSSQL_LATEST_VERSION };
-    }
-    // Already current: nothing to install, so no lock, no transaction and no DDL.
+    // 'check', or already current: nothing to install, so no lock, no transaction and no DDL.
     const installed = await this.readVersion(pool.request());
-    if (installed >= MSSQL_LATEST_VERSION) {
-      assertSchemaVersion('mssql', this.schema, installed, MSSQL_LATEST_VERSION, 'auto');
+    if (mode === 'check' || installed >= MSSQL_LATEST_VERSION) {
+      assertSchemaVersion('mssql', this.schema, installed, MSSQL_LATEST_VERSION, mode);
       return { current: installed, latest: MSSQL_LATEST_VERSION };
     }
     const transaction = new sql.Transaction(pool);

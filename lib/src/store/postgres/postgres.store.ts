@@ -64,16 +64,11 @@ export class PostgresQueueStore implements QueueStore {
 
   async migrate(mode: MigrationMode): Promise<SchemaStatus> {
     if (mode === 'off') return { current: -1, latest: PG_LATEST_VERSION };
-    if (mode === 'check') {
-      const current = await this.readVersion(this.driver);
-      assertSchemaVersion('postgres', this.schema, current, PG_LATEST_VERSION, 'check');
-      return { current, latest: PG_LATEST_VERSION };
-    }
-    // Already current: nothing to install, so no lock and no DDL (an application login without
-    // CREATE rights boots with the default 'auto' once a DBA has installed the schema).
+    // 'check', or already current: nothing to install, so no lock and no DDL (an application
+    // login without CREATE rights boots with the default 'auto' once a DBA installed the schema).
     const installed = await this.readVersion(this.driver);
-    if (installed >= PG_LATEST_VERSION) {
-      assertSchemaVersion('postgres', this.schema, installed, PG_LATEST_VERSION, 'auto');
+    if (mode === 'check' || installed >= PG_LATEST_VERSION) {
+      assertSchemaVersion('postgres', this.schema, installed, PG_LATEST_VERSION, mode);
       return { current: installed, latest: PG_LATEST_VERSION };
     }
     return this.driver.transaction(async (client) => {
