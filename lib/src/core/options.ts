@@ -7,10 +7,10 @@ import {
   assertQueueName,
   DEFAULT_MAX_ATTEMPTS,
   INT_MAX,
+  DAY_MS,
+  MAX_AGE_MS,
   MAX_ATTEMPTS_LIMIT,
 } from './validation.js';
-
-const DAY_MS = 86_400_000;
 
 /** Per-queue behaviour, set in the module's `queues` map and overridable on `@QueueHandler`. */
 export interface QueueOptions {
@@ -184,7 +184,7 @@ export function resolveRetentionOptions(raw: RetentionOptions | undefined): Reso
     'idempotencyKeyMs',
     'batchSize',
   ]);
-  const max = 3650 * DAY_MS;
+  const max = MAX_AGE_MS;
   return {
     enabled: assertBoolean(`${where}.enabled`, value.enabled ?? true),
     intervalMs: assertInteger(`${where}.intervalMs`, value.intervalMs ?? 60_000, 100, DAY_MS),

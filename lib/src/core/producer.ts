@@ -10,7 +10,7 @@ import type {
   NewJob,
   QueueStats,
 } from './types.js';
-import { assertInteger, assertQueueName, describe, prepareJob } from './validation.js';
+import { assertInteger, assertQueueName, describe, MAX_AGE_MS, prepareJob } from './validation.js';
 import type { RemoteWaker, WakeBus } from './wake.js';
 
 /** Options of one enqueue call. */
@@ -38,7 +38,6 @@ export const ENQUEUE_CHUNK = 10_000;
 const JOB_ID = /^[1-9]\d{0,18}$/;
 /** Ids are bigint in both dialects: 19 digits can still exceed it. */
 const BIGINT_MAX = 9_223_372_036_854_775_807n;
-const MAX_PURGE_AGE_MS = 10 * 365 * 24 * 3600 * 1000;
 
 /**
  * The framework-free producer: validates everything before any SQL runs, enqueues in one
@@ -132,14 +131,7 @@ export class QueueProducerCore {
     const olderThanMs =
       options.olderThanMs === undefined
         ? 0
-        : assertInteger(
-            'purgeDead olderThanMs',
-            options.olderThanMs,
-            0,
-            // Ten years: 'now - olderThanMs' must stay a timestamp the database can compute.
-            MAX_PURGE_AGE_MS,
-            SqlQueueValidationError,
-          );
+        : assertInteger('purgeDead olderThanMs', options.olderThanMs, 0, MAX_AGE_MS, SqlQueueValidationError);
     return this.store.purgeDead(queue, { olderThanMs });
   }
 

@@ -3,7 +3,7 @@ import type { QueueEventListener } from './events.js';
 import type { QueueStore } from './queue-store.js';
 import type { QueueHealth } from './types.js';
 import { withTimeout } from './timeout.js';
-import { assertInteger, assertOptionGroup } from './validation.js';
+import { assertInteger, assertOptionGroup, DAY_MS } from './validation.js';
 
 /**
  * Upper bounds (seconds) of the completion-latency histograms. Enqueue→done spans a
@@ -38,8 +38,6 @@ export interface ResolvedMetricsOptions {
   timeoutMs: number;
   latencyBucketsSeconds: readonly number[];
 }
-
-const DAY_MS = 86_400_000;
 
 /** Checks the `metrics` option at boot, with the option's name in every message. */
 export function resolveMetricsOptions(raw: MetricsOptions | undefined): ResolvedMetricsOptions {

@@ -6,7 +6,10 @@ const QUEUE_NAME = /^[A-Za-z0-9._-]{1,128}$/;
 // so the same name is valid, unambiguous and safe to quote in both dialects.
 const SCHEMA_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/;
 const KEY_MAX_LENGTH = 255;
-const MAX_DELAY_MS = 50 * 365 * 24 * 3600 * 1000;
+export const DAY_MS = 86_400_000;
+const MAX_DELAY_MS = 50 * 365 * DAY_MS;
+/** Longest age a retention or purge takes (ten years): 'now - age' stays a computable timestamp. */
+export const MAX_AGE_MS = 3650 * DAY_MS;
 export const MAX_ATTEMPTS_LIMIT = 10_000;
 /** Largest int in SQL Server (DATEADD(millisecond, …), int columns): bounds of leases and delays. */
 export const INT_MAX = 2_147_483_647;

@@ -1,5 +1,6 @@
 import type { PGlite } from '@electric-sql/pglite';
 import { SqlQueueValidationError } from '../../core/errors.js';
+import { quotePgIdentifier } from './postgres.identifiers.js';
 
 export interface PgRows<R> {
   rows: R[];
@@ -47,7 +48,7 @@ export class PGliteDriver implements PgDriver {
   async listen(channel: string, onMessage: (payload: string) => void): Promise<() => Promise<void>> {
     // PGlite sends LISTEN with the name as given, unquoted, so PostgreSQL would fold it to lower
     // case while pg_notify keeps the case: quoting keeps them the same channel.
-    const unsubscribe = await this.db.listen(`"${channel.replace(/"/g, '""')}"`, onMessage);
+    const unsubscribe = await this.db.listen(quotePgIdentifier(channel), onMessage);
     return () => unsubscribe();
   }
 
