@@ -103,6 +103,13 @@ describe('SqlQueueModule: registration', () => {
     await expect(producer.enqueueMany('q', [{ payload: 1 }, { payload: 2, priority: 1.5 }])).rejects.toThrow(
       /item 1.*priority/,
     );
+    // Unknown options are refused, not ignored (a 'delay' would otherwise run the job at once).
+    await expect(producer.enqueue('q', {}, { delay: 5 } as never)).rejects.toThrow(
+      /unknown option 'delay' \(did you mean 'delayMs'\?\)/,
+    );
+    await expect(producer.enqueueMany('q', [{ payload: 1, delay: 5 } as never])).rejects.toThrow(
+      /item 0\): unknown option 'delay'/,
+    );
     expect((await producer.stats('q')).ready).toBe(0);
   });
 });

@@ -1,7 +1,10 @@
 import { describe, expect, it } from 'vitest';
 import { SqlQueueConfigError, SqlQueueValidationError } from '../../lib/src/core/errors.js';
 import { resolveConsumerOptions, resolveQueueOptions, validateQueueMap } from '../../lib/src/core/options.js';
-import { assertSchemaName, prepareJob } from '../../lib/src/core/validation.js';
+import { QueueProducerCore } from '../../lib/src/core/producer.js';
+import type { QueueStore } from '../../lib/src/core/queue-store.js';
+import { assertSchemaName, nearestName, prepareJob } from '../../lib/src/core/validation.js';
+import { WakeBus } from '../../lib/src/core/wake.js';
 import { createQueueStore } from '../../lib/src/store/create-store.js';
 import { assertMssqlSchemaName } from '../../lib/src/store/mssql/mssql.identifiers.js';
 import { resolveModuleOptions } from '../../lib/src/nest/sql-queue.options.js';
@@ -94,6 +97,60 @@ describe('enqueue arguments are checked before any SQL runs', () => {
     expect(() => prepareJob('q', {}, { priority: 0.5 }, limits, 'item 3')).toThrow(
       /enqueue to 'q' \(item 3\): priority/,
     );
+  });
+});
+
+describe('unknown enqueue options are refused before the database is touched', () => {
+  // Every store call fails the test: validation must answer first.
+  const untouchable = new Proxy({} as QueueStore, {
+    get: (_target, name) => () => {
+      throw new Error(`the store was called (${String(name)})`);
+    },
+  });
+  const producer = new QueueProducerCore(
+    untouchable,
+    { maxPayloadBytes: 1024, maxAttemptsFor: () => 25 },
+    new WakeBus(),
+    null,
+  );
+
+  it('names the key, a near valid name and the valid ones', async () => {
+    const refused = producer.enqueue('emails', {}, { delay: 5 } as never);
+    await expect(refused).rejects.toThrow(SqlQueueValidationError);
+    await expect(refused).rejects.toThrow(
+      "enqueue to 'emails' options: unknown option 'delay' (did you mean 'delayMs'?); valid options: idempotencyKey, runAt, delayMs, priority, groupKey, maxAttempts, transaction",
+    );
+    await expect(producer.enqueue('emails', {}, { max_attempts: 3 } as never)).rejects.toThrow(
+      /unknown option 'max_attempts' \(did you mean 'maxAttempts'\?\)/,
+    );
+    await expect(producer.enqueue('emails', {}, { colour: 'red' } as never)).rejects.toThrow(
+      /unknown option 'colour'; valid options: /,
+    );
+  });
+
+  it('checks every bulk item and the call options', async () => {
+    await expect(
+      producer.enqueueMany('emails', [{ payload: 1 }, { payload: 2, idempotency: 'k' } as never]),
+    ).rejects.toThrow(
+      /enqueueMany to 'emails' \(item 1\): unknown option 'idempotency' \(did you mean 'idempotencyKey'\?\); valid options: payload, /,
+    );
+    // The transaction is the call's, not an item's.
+    await expect(producer.enqueueMany('emails', [{ payload: 1, transaction: {} } as never])).rejects.toThrow(
+      /\(item 0\): unknown option 'transaction'/,
+    );
+    await expect(producer.enqueueMany('emails', [{ payload: 1 }], { transation: {} } as never)).rejects.toThrow(
+      /enqueueMany to 'emails' options: unknown option 'transation' \(did you mean 'transaction'\?\)/,
+    );
+    await expect(producer.enqueue('emails', {}, null as never)).rejects.toThrow(/options must be an object, got null/);
+  });
+
+  it('suggests a near name only when one is clearly nearest', () => {
+    const names = ['minReaders', 'maxReaders', 'maxAttempts', 'maxPollMs'];
+    expect(nearestName('maxAttempt', names)).toBe('maxAttempts');
+    expect(nearestName('MaxReaders', names)).toBe('maxReaders');
+    expect(nearestName('max', names)).toBeNull();
+    expect(nearestName('readers', names)).toBeNull();
+    expect(nearestName('colour', names)).toBeNull();
   });
 });
 

@@ -10,7 +10,15 @@ import type {
   NewJob,
   QueueStats,
 } from './types.js';
-import { assertInteger, assertQueueName, describe, MAX_AGE_MS, prepareJob } from './validation.js';
+import {
+  assertInteger,
+  assertOptionGroup,
+  assertQueueName,
+  describe,
+  ENQUEUE_OPTION_KEYS,
+  MAX_AGE_MS,
+  prepareJob,
+} from './validation.js';
 import type { RemoteWaker, WakeBus } from './wake.js';
 
 /** Options of one enqueue call. */
@@ -33,6 +41,9 @@ export interface ProducerSettings {
   maxAttemptsFor(queue: string): number;
 }
 
+const CALL_OPTION_KEYS: readonly string[] = [...ENQUEUE_OPTION_KEYS, 'transaction'];
+const ITEM_KEYS: readonly string[] = ['payload', ...ENQUEUE_OPTION_KEYS];
+
 /** Jobs per statement in a bulk enqueue; larger calls are split (each part atomic). */
 export const ENQUEUE_CHUNK = 10_000;
 const JOB_ID = /^[1-9]\d{0,18}$/;
@@ -52,7 +63,12 @@ export class QueueProducerCore {
   ) {}
 
   async enqueue<T>(queue: string, payload: T, options: EnqueueCallOptions = {}): Promise<EnqueueResult> {
-    const { transaction, ...jobOptions } = assertOptionsObject(options, `enqueue to '${String(queue)}'`);
+    const { transaction, ...jobOptions } = assertOptionGroup(
+      `enqueue to '${String(queue)}' options`,
+      options,
+      CALL_OPTION_KEYS,
+      SqlQueueValidationError,
+    );
     const job = this.prepare(queue, payload, jobOptions);
     const [result] = await this.store.enqueue([job], transaction);
     // Inside the caller's transaction the job is invisible until the caller commits: a wake-up
@@ -74,14 +90,25 @@ export class QueueProducerCore {
     if (!Array.isArray(items)) {
       throw new SqlQueueValidationError(`enqueueMany to '${queue}': items must be an array, got ${describe(items)}`);
     }
-    const { transaction } = assertOptionsObject(options, `enqueueMany to '${queue}'`);
+    const { transaction } = assertOptionGroup(
+      `enqueueMany to '${queue}' options`,
+      options,
+      ['transaction'],
+      SqlQueueValidationError,
+    );
     const jobs = items.map((item, index) => {
       if (!item || typeof item !== 'object' || !('payload' in item)) {
         throw new SqlQueueValidationError(
           `enqueueMany to '${queue}' (item ${index}): expected { payload, ...options }`,
         );
       }
-      const { payload, ...jobOptions } = item;
+      // A transaction belongs to the call, not to one item: listed as unknown here.
+      const { payload, ...jobOptions } = assertOptionGroup(
+        `enqueueMany to '${queue}' (item ${index})`,
+        item,
+        ITEM_KEYS,
+        SqlQueueValidationError,
+      );
       return this.prepare(queue, payload, jobOptions, `item ${index}`);
     });
     const results: EnqueueResult[] = [];
@@ -145,13 +172,6 @@ export class QueueProducerCore {
       where,
     );
   }
-}
-
-function assertOptionsObject<T extends object>(options: T, where: string): T {
-  if (options === null || typeof options !== 'object' || Array.isArray(options)) {
-    throw new SqlQueueValidationError(`${where}: options must be an object, got ${describe(options)}`);
-  }
-  return options;
 }
 
 export function assertJobId(jobId: unknown): JobId {

@@ -51,21 +51,65 @@ export function assertInteger(
 }
 
 /**
- * An option group (module options, `consumer`, `queues['x']`, …): absent, or a plain object
- * whose keys are all `known` (when given), so a misspelt option fails at boot instead of being
- * ignored.
+ * An option group (module options, `consumer`, `queues['x']`, enqueue options, …): absent, or a
+ * plain object whose keys are all `known` (when given), so a misspelt option fails at once
+ * instead of being ignored. The message names the key, a near valid name if there is one,
+ * and the valid names.
  */
-export function assertOptionGroup<T extends object>(where: string, value: T | undefined, known?: readonly string[]): T {
+export function assertOptionGroup<T extends object>(
+  where: string,
+  value: T | undefined,
+  known?: readonly string[],
+  error: ErrorClass = SqlQueueConfigError,
+): T {
   if (value === undefined) return {} as T;
   if (value === null || typeof value !== 'object' || Array.isArray(value)) {
-    throw new SqlQueueConfigError(`${where} must be an object, got ${describe(value)}`);
+    throw new error(`${where} must be an object, got ${describe(value)}`);
   }
   for (const key of Object.keys(value)) {
     if (known && !known.includes(key)) {
-      throw new SqlQueueConfigError(`${where}: unknown option '${key}' (known: ${known.join(', ')})`);
+      const near = nearestName(key, known);
+      throw new error(
+        `${where}: unknown option '${key}'${near ? ` (did you mean '${near}'?)` : ''}; valid options: ${known.join(', ')}`,
+      );
     }
   }
   return value;
+}
+
+/**
+ * The valid name a misspelt one most likely meant: the same letters but for case, '_' and
+ * '-', at most two edits away ('delay' → 'delayMs', 'maxAttempt' → 'maxAttempts'), or a
+ * name it begins ('idempotency' → 'idempotencyKey').
+ */
+export function nearestName(name: string, candidates: readonly string[]): string | null {
+  const plain = (text: string) => text.toLowerCase().replace(/[_-]/g, '');
+  const wanted = plain(name);
+  let best: { name: string | null; distance: number } = { name: null, distance: 3 };
+  for (const candidate of candidates) {
+    const other = plain(candidate);
+    const distance =
+      wanted.length >= 4 && (other.startsWith(wanted) || wanted.startsWith(other)) ? 0 : editDistance(wanted, other);
+    // Two names equally near: no guess ('max' could be any of maxReaders, maxAttempts, …).
+    if (distance === best.distance) best = { name: null, distance };
+    else if (distance < best.distance) best = { name: candidate, distance };
+  }
+  return best.name;
+}
+
+/** Levenshtein distance with adjacent transpositions (optimal string alignment). */
+function editDistance(a: string, b: string): number {
+  const rows = Array.from({ length: a.length + 1 }, (_, i) => [i, ...new Array<number>(b.length).fill(0)]);
+  for (let j = 1; j <= b.length; j++) rows[0]![j] = j;
+  for (let i = 1; i <= a.length; i++) {
+    for (let j = 1; j <= b.length; j++) {
+      const cost = a[i - 1] === b[j - 1] ? 0 : 1;
+      let d = Math.min(rows[i - 1]![j]! + 1, rows[i]![j - 1]! + 1, rows[i - 1]![j - 1]! + cost);
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) d = Math.min(d, rows[i - 2]![j - 2]! + 1);
+      rows[i]![j] = d;
+    }
+  }
+  return rows[a.length]![b.length]!;
 }
 
 export function assertBoolean(name: string, value: unknown): boolean {
@@ -74,6 +118,17 @@ export function assertBoolean(name: string, value: unknown): boolean {
   }
   return value;
 }
+
+/** Every option an enqueued job takes; a compile error reminds whoever adds one to EnqueueOptions. */
+const ENQUEUE_OPTIONS: Record<keyof EnqueueOptions, true> = {
+  idempotencyKey: true,
+  runAt: true,
+  delayMs: true,
+  priority: true,
+  groupKey: true,
+  maxAttempts: true,
+};
+export const ENQUEUE_OPTION_KEYS = Object.keys(ENQUEUE_OPTIONS) as readonly (keyof EnqueueOptions)[];
 
 export interface JobValidationLimits {
   maxPayloadBytes: number;
