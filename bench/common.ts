@@ -102,8 +102,6 @@ export function consumerFor(
     listeners,
     wakeBus,
     workerId: `bench:${process.pid}`,
-    activationIntervalMs: consumerOptions.activationIntervalMs,
-    activationQuietMs: consumerOptions.activationQuietMs,
   });
   for (const { queue, options, handler } of queues) {
     consumer.register(resolveQueueOptions(queue, { handler: options }, consumerOptions), (payload) => handler(payload));

@@ -1,9 +1,15 @@
 /** Child process of the latency benchmark: an idle consumer woken by LISTEN/NOTIFY. */
+import type { QueueOptions } from '../lib/src/core/options.js';
 import { createQueueStore } from '../lib/src/store/create-store.js';
 import { consumerFor } from './common.js';
 import { wallNow } from './cases/latency.js';
 
-const { url, schema, queue } = JSON.parse(process.argv[2]!) as { url: string; schema: string; queue: string };
+const { url, schema, queue, options } = JSON.parse(process.argv[2]!) as {
+  url: string;
+  schema: string;
+  queue: string;
+  options: QueueOptions;
+};
 
 const store = await createQueueStore({ dialect: 'postgres', url, poolSize: 6 }, { schema });
 const consumer = consumerFor(
@@ -11,7 +17,7 @@ const consumer = consumerFor(
   [
     {
       queue,
-      options: { minReaders: 2, maxReaders: 4 },
+      options,
       handler: async (payload) => {
         process.send?.({ type: 'started', latency: wallNow() - (payload as { sentAt: number }).sentAt });
       },

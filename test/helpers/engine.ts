@@ -30,8 +30,6 @@ function baseDeps(store: object, clock: Clock): QueueConsumerDeps {
     logger: silentLogger,
     listeners: [],
     workerId: 'unit',
-    activationIntervalMs: 1_000,
-    activationQuietMs: 3_000,
   };
 }
 

@@ -12,6 +12,10 @@ export class MemoryStore implements Partial<QueueStore> {
   readonly schema = 'memory';
   claims = 0;
   emptyClaims = 0;
+  /** The `limit` of every claim, in order. */
+  readonly claimLimits: number[] = [];
+  /** When set, each claim takes this long on the test's clock before it looks (a round trip). */
+  claimDelay: (() => Promise<void>) | null = null;
   private readonly ready: { id: string; payload: unknown }[] = [];
   private readonly leased = new Map<string, string>();
   private seq = 0;
@@ -26,6 +30,8 @@ export class MemoryStore implements Partial<QueueStore> {
 
   async claim(request: { limit: number }): Promise<ClaimedJob[]> {
     this.claims++;
+    this.claimLimits.push(request.limit);
+    await this.claimDelay?.();
     const taken = this.ready.splice(0, request.limit);
     if (taken.length === 0) this.emptyClaims++;
     return taken.map(({ id, payload }) => {

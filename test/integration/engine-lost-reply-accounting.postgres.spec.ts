@@ -38,7 +38,6 @@ function engine(store: QueueStore, queue: string, options: QueueOptions, handler
       logger,
       listeners: [listener],
       workerId: 'review',
-      activationQuietMs: 2_000,
       listenForWakeups: false,
     }),
   );

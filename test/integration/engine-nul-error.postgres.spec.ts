@@ -30,7 +30,7 @@ describe('a handler error containing U+0000', () => {
       prepareJob(queue, { kind: 'good' }, {}, limits),
     ]);
     const consumer = new SqlQueueConsumer(
-      consumerDeps(store, systemClock, { workerId: 'review', activationQuietMs: 2_000, listenForWakeups: false }),
+      consumerDeps(store, systemClock, { workerId: 'review', listenForWakeups: false }),
     );
     consumer.register(queueOptions({ minReaders: 2, maxReaders: 2, leaseMs: 10_000 }, queue), async (payload) => {
       if ((payload as { kind: string }).kind === 'bad') throw new Error('device replied "OK\u0000\u0000"');

@@ -26,8 +26,6 @@ function engine(store: QueueStore, queue: string, options: QueueOptions, handler
     listeners: [],
     wakeBus: new WakeBus(),
     workerId: 'resilience',
-    activationIntervalMs: 1_000,
-    activationQuietMs: 2_000,
     listenForWakeups: false,
   });
   consumer.register(resolveQueueOptions(queue, { handler: options }, consumerOptions), handler);

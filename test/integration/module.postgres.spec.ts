@@ -573,7 +573,7 @@ describe('SqlQueueModule: running jobs', () => {
     const { app } = await boot({
       schema,
       providers: [ElasticHandler],
-      module: { listeners: [listener], consumer: { activationIntervalMs: 50, activationQuietMs: 100 } },
+      module: { listeners: [listener] },
     });
     const producer = app.get(QueueProducer);
     await producer.enqueueMany(

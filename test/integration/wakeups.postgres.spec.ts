@@ -27,8 +27,6 @@ it('a producer on other connections wakes an idle consumer through LISTEN/NOTIFY
     listeners: [{ emptyClaim: () => emptyClaims++ }],
     wakeBus: new WakeBus(),
     workerId: 'listener',
-    activationIntervalMs: 1_000,
-    activationQuietMs: 2_000,
   });
   // Polling alone would find a job only after up to 20 s.
   consumer.register(

@@ -1,30 +1,53 @@
 import { afterEach, describe, expect, it } from 'vitest';
-import { shouldAddReader, shouldRetireAfterEmptyClaim } from '../../lib/src/core/activation.js';
+import { autoPrefetch, claimSize, readersToStart, shouldRetireAfterEmptyClaim } from '../../lib/src/core/activation.js';
 import type { QueueOptions } from '../../lib/src/core/options.js';
 import { QueueConsumer } from '../../lib/src/core/queue-consumer.js';
 import { engineDeps, queueOptions } from '../helpers/engine.js';
 import { FakeClock } from '../helpers/fake-clock.js';
 import { MemoryStore } from '../helpers/memory-store.js';
 
-const base = { readers: 2, minReaders: 1, maxReaders: 4, lastEmptyClaimAt: 1_000, now: 5_000, quietMs: 2_000 };
-
 describe('the activation rule (seed 003)', () => {
-  it('adds a reader only with claimable work and no empty claim for the quiet period', () => {
-    expect(shouldAddReader({ ...base, hasClaimableWork: true })).toBe(true);
-    expect(shouldAddReader({ ...base, hasClaimableWork: false })).toBe(false);
-    expect(shouldAddReader({ ...base, lastEmptyClaimAt: 3_500, hasClaimableWork: true })).toBe(false);
-    expect(shouldAddReader({ ...base, lastEmptyClaimAt: 3_000, hasClaimableWork: true })).toBe(true);
-    expect(shouldAddReader({ ...base, lastEmptyClaimAt: null, hasClaimableWork: true })).toBe(true);
-  });
-
-  it('never goes above maxReaders, and restores minReaders whenever there is work', () => {
-    expect(shouldAddReader({ ...base, readers: 4, lastEmptyClaimAt: null, hasClaimableWork: true })).toBe(false);
-    expect(shouldAddReader({ ...base, readers: 0, lastEmptyClaimAt: 4_999, hasClaimableWork: true })).toBe(true);
+  it('starts a reader for each claimed job no idle reader took, never above maxReaders', () => {
+    expect(readersToStart(1, 10, 9)).toBe(9);
+    expect(readersToStart(1, 10, 50)).toBe(9);
+    expect(readersToStart(10, 10, 50)).toBe(0);
+    expect(readersToStart(3, 10, 0)).toBe(0);
   });
 
   it('retires a reader after an empty claim only while more than minReaders run', () => {
     expect(shouldRetireAfterEmptyClaim(3, 1)).toBe(true);
     expect(shouldRetireAfterEmptyClaim(1, 1)).toBe(false);
+  });
+
+  it('asks for every free handler slot plus the prefetch target, at most batchSize', () => {
+    const idle = { maxReaders: 10, batchSize: 100, prefetch: 0, running: 0, buffered: 0, requested: 0 };
+    expect(claimSize(idle)).toBe(10);
+    expect(claimSize({ ...idle, running: 7 })).toBe(3);
+    expect(claimSize({ ...idle, running: 10 })).toBe(0);
+    expect(claimSize({ ...idle, batchSize: 4 })).toBe(4);
+    expect(claimSize({ ...idle, prefetch: 50 })).toBe(60);
+    expect(claimSize({ ...idle, prefetch: 500 })).toBe(100);
+    expect(claimSize({ ...idle, running: 3, buffered: 2, requested: 4 })).toBe(1);
+  });
+
+  it('with every slot covered, tops up a prefetch buffer only once it is half empty', () => {
+    const busy = { maxReaders: 10, batchSize: 100, prefetch: 40, running: 10, buffered: 0, requested: 0 };
+    expect(claimSize({ ...busy, buffered: 21 })).toBe(0);
+    expect(claimSize({ ...busy, buffered: 20 })).toBe(20);
+    expect(claimSize({ ...busy, buffered: 5, requested: 16 })).toBe(0);
+  });
+
+  it("prefetch 'auto' covers two claim round trips at the handlers' pace, none for long jobs", () => {
+    const base = { maxReaders: 10, batchSize: 100 };
+    expect(autoPrefetch({ ...base, claimMs: null, handlerMs: 1 })).toBe(0);
+    expect(autoPrefetch({ ...base, claimMs: 2, handlerMs: null })).toBe(0);
+    // 10 handlers of 10 ms finish 2 jobs per 2 ms claim: 4 cover two round trips.
+    expect(autoPrefetch({ ...base, claimMs: 2, handlerMs: 10 })).toBe(4);
+    expect(autoPrefetch({ ...base, claimMs: 2, handlerMs: 1_000 })).toBe(0);
+    // A no-op handler: two claims' worth, so two full claims can overlap.
+    expect(autoPrefetch({ ...base, claimMs: 2, handlerMs: 0 })).toBe(200);
+    expect(autoPrefetch({ ...base, batchSize: 30, claimMs: 1, handlerMs: 0.5 })).toBe(40);
+    expect(autoPrefetch({ ...base, batchSize: 10, claimMs: 1, handlerMs: 0.5 })).toBe(20);
   });
 });
 
@@ -52,30 +75,66 @@ describe('a queue consumer on a fake clock', () => {
     return readers;
   }
 
-  it('adds readers one per tick while work waits and readers keep up no longer, up to maxReaders', async () => {
+  it('grows to maxReaders at the first claim that brings work for them, never above it', async () => {
     const store = new MemoryStore();
     store.add(1_000);
     // Each job takes 10 s of engine time: readers never catch up.
     const readers = start(store, { minReaders: 1, maxReaders: 3 }, () => clock.sleep(10_000));
-    await clock.advance(500);
-    expect(consumer!.snapshot().readers).toBe(1);
-    await clock.advance(1_000);
-    expect(consumer!.snapshot().readers).toBe(2);
-    await clock.advance(1_000);
-    expect(consumer!.snapshot().readers).toBe(3);
-    await clock.advance(10_000);
+    await clock.advance(1);
+    expect(consumer!.snapshot()).toMatchObject({ readers: 3, running: 3 });
+    expect(store.claimLimits[0]).toBe(3);
+    await clock.advance(60_000);
     expect(consumer!.snapshot().readers).toBe(3);
     expect(Math.max(...readers)).toBe(3);
+    // No prefetch for 10 s jobs: a claim asks only for the slots that are free.
+    expect(Math.max(...store.claimLimits)).toBe(3);
   });
 
-  it('adds no reader while some reader has come back empty within the quiet period', async () => {
+  it('short jobs behind slow claims: readers grow at once and claims fill every free slot (issue 9)', async () => {
     const store = new MemoryStore();
-    // A trickle: every job is claimed at once and readers keep coming back empty.
+    store.add(8_000);
+    // Every claim takes 2 ms of engine time; handlers take 1 ms. The old rule kept one reader,
+    // which spent its time waiting on the next claim, and claimed one job at a time.
+    store.claimDelay = () => clock.sleep(2);
+    const readers = start(store, { maxReaders: 10 }, () => clock.sleep(1));
+    await clock.advance(5_000);
+    expect(store.readyCount).toBe(0);
+    expect(Math.max(...readers)).toBe(10);
+    // 8,000 jobs in claims of 10 or more (prefetch 'auto' asks for more once it has measured).
+    expect(store.claims).toBeLessThanOrEqual(8_000 / 10 + 10);
+    expect(Math.max(...store.claimLimits)).toBeGreaterThan(10);
+    expect(Math.max(...store.claimLimits)).toBeLessThanOrEqual(100);
+  });
+
+  it('with prefetch 0, a claim never asks for more than the free slots', async () => {
+    const store = new MemoryStore();
+    store.add(500);
+    store.claimDelay = () => clock.sleep(2);
+    start(store, { maxReaders: 4, prefetch: 0 }, () => clock.sleep(1));
+    await clock.advance(5_000);
+    expect(store.readyCount).toBe(0);
+    expect(Math.max(...store.claimLimits)).toBe(4);
+  });
+
+  it("prefetch 'auto' holds nothing ahead of long jobs", async () => {
+    const store = new MemoryStore();
+    store.add(100);
+    store.claimDelay = () => clock.sleep(2);
+    start(store, { maxReaders: 2 }, () => clock.sleep(1_000));
+    await clock.advance(10_000);
+    expect(consumer!.snapshot()).toMatchObject({ running: 2, buffered: 0 });
+    expect(Math.max(...store.claimLimits)).toBe(2);
+  });
+
+  it('a trickle that one reader keeps up with stays at one reader', async () => {
+    const store = new MemoryStore();
+    // Every job is claimed at once by the idle reader, and its claims keep coming back empty.
     const readers = start(store, { minReaders: 1, maxReaders: 4, minPollMs: 100, maxPollMs: 500 }, async () => {});
     for (let second = 0; second < 20; second++) {
       store.add(1);
       await clock.advance(1_000);
     }
+    expect(store.readyCount).toBe(0);
     expect(store.emptyClaims).toBeGreaterThan(0);
     expect(Math.max(...readers)).toBe(1);
   });

@@ -45,8 +45,6 @@ describe('extendLease answered after the completion committed', () => {
       engineDeps(store, clock, {
         logger,
         listeners: [{ lostOwnership: (e) => lost.push(e), completed: (e) => completed.push(e) }],
-        activationIntervalMs: 60_000,
-        activationQuietMs: 60_000,
       }),
       queueOptions({ minReaders: 1, maxReaders: 1 }),
       async (_payload: unknown, ctx: JobContext) => {

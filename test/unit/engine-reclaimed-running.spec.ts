@@ -39,7 +39,7 @@ function reclaimScenario(store: TokenStore) {
     await untilAborted(ctx.signal);
   };
   const consumer = new QueueConsumer(
-    engineDeps(store, clock, { activationIntervalMs: 60_000, activationQuietMs: 60_000 }),
+    engineDeps(store, clock),
     queueOptions({ minReaders: 2, maxReaders: 2, leaseMs: 6_000, minPollMs: 50, maxPollMs: 100 }),
     handler,
   );

@@ -24,7 +24,7 @@ describe('a claim failing during shutdown', () => {
       },
     };
     const consumer = new QueueConsumer(
-      engineDeps(store, clock, { logger, activationIntervalMs: 60_000, activationQuietMs: 60_000 }),
+      engineDeps(store, clock, { logger }),
       queueOptions({ minReaders: 1, maxReaders: 1 }),
       async () => undefined,
     );

@@ -25,7 +25,7 @@ describe('a buffered job whose local lease ran out', () => {
     });
     const started: string[] = [];
     const consumer = new QueueConsumer(
-      engineDeps(store, clock, { activationIntervalMs: 60_000, activationQuietMs: 60_000 }),
+      engineDeps(store, clock),
       queueOptions({ minReaders: 1, maxReaders: 1, prefetch: 1, leaseMs: 3_000 }),
       async (_payload: unknown, ctx: JobContext) => {
         started.push(`${ctx.jobId}${ctx.signal.aborted ? ' (signal already aborted)' : ''}`);

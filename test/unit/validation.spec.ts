@@ -192,9 +192,9 @@ describe('options fail at boot with the place and the rule', () => {
     expect(resolved).toMatchObject({
       minReaders: 1,
       maxReaders: 3,
-      batchSize: 3,
+      batchSize: 100,
       leaseMs: 5_000,
-      prefetch: 0,
+      prefetch: 'auto',
       maxAttempts: 25,
     });
     expect(resolved.minPollMs).toBe(50);
@@ -206,6 +206,8 @@ describe('options fail at boot with the place and the rule', () => {
     [{ leaseMs: 10 }, /leaseMs must be an integer from 100/],
     [{ batchSize: 5_000 }, /batchSize/],
     [{ readers: 2 }, /unknown option 'readers'/],
+    [{ prefetch: 'lots' }, /prefetch must be 'auto' or an integer from 0 to 10000, got "lots"/],
+    [{ prefetch: -1 }, /prefetch must be 'auto' or an integer from 0 to 10000, got -1/],
     [{ minReaders: 4, maxReaders: 2 }, /minReaders \(4\) is greater than maxReaders \(2\)/],
     [{ minPollMs: 500, maxPollMs: 100 }, /minPollMs \(500\) is greater than maxPollMs \(100\)/],
     [{ backoff: { type: 'fixed' } }, /backoff\.delayMs/],
@@ -224,6 +226,9 @@ describe('options fail at boot with the place and the rule', () => {
     expect(() => resolveModuleOptions({ connection: {} as never, maxPayloadBytes: 0 })).toThrow(/maxPayloadBytes/);
     expect(() => resolveModuleOptions({ connection: {} as never, reaper: { intervalMs: 1 } })).toThrow(
       /reaper\.intervalMs/,
+    );
+    expect(() => resolveConsumerOptions({ activationQuietMs: 2_000 } as never)).toThrow(
+      /consumer\.activationQuietMs is no longer an option: readers now start for claimed work/,
     );
     expect(() => resolveModuleOptions({ connection: {} as never, consumer: { enabled: 'yes' as never } })).toThrow(
       /consumer\.enabled must be true or false/,

@@ -1,4 +1,4 @@
-import { shouldAddReader, shouldRetireAfterEmptyClaim } from './activation.js';
+import { autoPrefetch, claimSize, MovingAverage, readersToStart, shouldRetireAfterEmptyClaim } from './activation.js';
 import { PollBackoff } from './backoff.js';
 import {
   SqlQueueJobTimeoutError,
@@ -17,8 +17,6 @@ import type { ClaimedJob, HeartbeatResult } from './types.js';
 import { INT_MAX } from './validation.js';
 
 export interface QueueConsumerDeps extends AckerDeps {
-  activationIntervalMs: number;
-  activationQuietMs: number;
   random?: () => number;
 }
 
@@ -45,7 +43,8 @@ const ERROR_BACKOFF_MAX_MS = 5_000;
 
 /**
  * Runs the handlers of one queue: readers (between minReaders and maxReaders, per the
- * activation rule) take jobs from one claim loop that claims in batches; a lease keeper
+ * activation rule in activation.ts) take jobs from one claim loop that claims in batches
+ * sized to the free handler slots plus a prefetch buffer; a lease keeper
  * renews the leases of every job held here; an acker writes completions and failures in
  * batches. The handler always runs after the claim committed, outside any transaction.
  */
@@ -71,7 +70,11 @@ export class QueueConsumer {
   private started = false;
   /** The claim loop's pauses (two claims may overlap, so two may pause); aborting them wakes it. */
   private readonly idleSleeps = new Set<AbortController>();
-  private lastEmptyClaimAt: number | null = null;
+  /** After an empty claim one claim at a time is enough, even with a prefetch buffer. */
+  private lastClaimEmpty = false;
+  /** Recent claim round trips and handler run times, for `prefetch: 'auto'`. */
+  private readonly claimMs = new MovingAverage();
+  private readonly handlerMs = new MovingAverage();
   private lastLoopAt: number;
   private readonly pollBackoff: PollBackoff;
   private errorBackoffMs = ERROR_BACKOFF_MIN_MS;
@@ -79,9 +82,8 @@ export class QueueConsumer {
   private readonly heartbeatErrors: ThrottledErrorLog;
   private readonly acker: JobAcker;
   private timers: { cancel(): void }[] = [];
-  /** Heartbeat and activation runs in flight (each bounded), awaited by shutdown. */
+  /** Heartbeat runs in flight (each bounded), awaited by shutdown. */
   private readonly background = new Set<Promise<void>>();
-  private activationCheckRunning = false;
   private heartbeatRunning = false;
 
   constructor(
@@ -108,9 +110,6 @@ export class QueueConsumer {
     for (let i = 0; i < this.options.minReaders; i++) this.addReader('start');
     const heartbeatEvery = Math.max(20, Math.min(Math.floor(this.options.leaseMs / 6), 5_000));
     this.timers.push(this.deps.clock.setInterval(() => this.track(this.renewLeases()), heartbeatEvery));
-    this.timers.push(
-      this.deps.clock.setInterval(() => this.track(this.checkActivation()), this.deps.activationIntervalMs),
-    );
   }
 
   /** Keeps a timer task's promise until it settles, so shutdown can wait for it. */
@@ -147,6 +146,7 @@ export class QueueConsumer {
 
   // ---- readers --------------------------------------------------------------------------
 
+  /** Starts a reader; it takes a buffered job, if any, before this returns. */
   private addReader(reason: 'start' | 'activation'): void {
     this.readers++;
     safeEmit(this.deps.listeners, 'readersChanged', { queue: this.queue, readers: this.readers, reason });
@@ -187,22 +187,31 @@ export class QueueConsumer {
   private take(): Promise<HeldJob | null> {
     if (this.stopping) return Promise.resolve(null);
     const next = this.buffer.shift();
-    if (next) {
-      this.pump();
-      return Promise.resolve(next);
-    }
+    this.scheduleClaim();
+    if (next) return Promise.resolve(next);
     return new Promise((resolve) => {
       if (this.waiting.length === 0) this.waitingSince = this.deps.clock.now();
       this.waiting.push(resolve);
-      this.pump();
     });
   }
 
   // ---- the claim loop ---------------------------------------------------------------------
 
-  /** Hands buffered jobs to waiting readers and schedules a claim when more are wanted. */
+  /**
+   * Hands buffered jobs to waiting readers, starts readers for the jobs left over (the
+   * activation rule: a claimed job that no idle reader took), and schedules the next claim.
+   */
   private pump(): void {
     while (this.waiting.length > 0 && this.buffer.length > 0) this.waiting.shift()!(this.buffer.shift()!);
+    if (!this.stopping) {
+      for (let n = readersToStart(this.readers, this.options.maxReaders, this.buffer.length); n > 0; n--) {
+        this.addReader('activation');
+      }
+    }
+    this.scheduleClaim();
+  }
+
+  private scheduleClaim(): void {
     if (this.claimScheduled || this.stopping || this.idleSleeps.size > 0) return;
     // Deferred one turn of the event loop: readers that finish in the same turn then share one
     // claim statement instead of each sending its own.
@@ -214,15 +223,20 @@ export class QueueConsumer {
   }
 
   private startClaims(): void {
+    const prefetch = this.prefetchTarget();
     // With a prefetch buffer, a second claim may overlap the first, so the buffer refills
-    // while readers drain it; without one, claims follow the readers that wait.
-    const maxInFlight = this.options.prefetch > 0 ? 2 : 1;
+    // while readers drain it; an empty queue needs one claim at a time.
+    const maxInFlight = prefetch > 0 && !this.lastClaimEmpty ? 2 : 1;
     while (!this.stopping && this.idleSleeps.size === 0 && this.claimsInFlight < maxInFlight) {
-      const wanted = this.waiting.length + this.options.prefetch - this.buffer.length - this.requested;
-      // Top up a prefetch buffer in batches, not one job at a time.
-      if (wanted <= 0) return;
-      if (this.waiting.length === 0 && this.buffer.length + this.requested > this.options.prefetch / 2) return;
-      const limit = Math.min(this.options.batchSize, wanted);
+      const limit = claimSize({
+        maxReaders: this.options.maxReaders,
+        batchSize: this.options.batchSize,
+        prefetch,
+        running: this.running.size,
+        buffered: this.buffer.length,
+        requested: this.requested,
+      });
+      if (limit === 0) return;
       this.wokenDuringClaim = false;
       this.claimsInFlight++;
       this.requested += limit;
@@ -256,6 +270,8 @@ export class QueueConsumer {
       return;
     }
     this.lastLoopAt = this.deps.clock.now();
+    this.claimMs.add(this.lastLoopAt - startedAt);
+    this.lastClaimEmpty = claimed.length === 0;
     const claimedAtLocal = startedAt;
     if (this.stopping) {
       // Claimed while shutdown began: give them straight back, attempt not counted.
@@ -268,7 +284,6 @@ export class QueueConsumer {
         this.wokenDuringClaim = false;
         return;
       }
-      this.lastEmptyClaimAt = this.deps.clock.now();
       safeEmit(this.deps.listeners, 'emptyClaim', { queue: this.queue });
       this.retireSurplusWaiters();
       await this.pause(this.pollBackoff.next());
@@ -310,35 +325,11 @@ export class QueueConsumer {
     }
   }
 
-  private async checkActivation(): Promise<void> {
-    // A reader waiting for a job is proof the readers keep up: no query, no new reader. This
-    // also keeps an idle queue's cost at its claims alone.
-    if (this.stopping || this.activationCheckRunning || this.waiting.length > 0) return;
-    const input = {
-      readers: this.readers,
-      minReaders: this.options.minReaders,
-      maxReaders: this.options.maxReaders,
-      lastEmptyClaimAt: this.lastEmptyClaimAt,
-      now: this.deps.clock.now(),
-      quietMs: this.deps.activationQuietMs,
-    };
-    // Below the minimum (readers crashed out?) or with the cap reached, no query is needed.
-    if (!shouldAddReader({ ...input, hasClaimableWork: true })) return;
-    this.activationCheckRunning = true;
-    try {
-      // Readers all busy and jobs still buffered locally is work enough; otherwise ask the database.
-      const hasClaimableWork =
-        this.buffer.length > 0 ||
-        (await withTimeout(this.deps.store.hasClaimableWork(this.queue), 5_000, 'activation probe'));
-      if (!this.stopping && shouldAddReader({ ...input, readers: this.readers, hasClaimableWork })) {
-        this.addReader('activation');
-        this.deps.logger.debug?.(`queue '${this.queue}': started reader ${this.readers} (work waiting, readers busy)`);
-      }
-    } catch {
-      // The claim loop reports database trouble; activation simply waits for the next tick.
-    } finally {
-      this.activationCheckRunning = false;
-    }
+  /** Jobs to hold ahead of the handlers: the fixed option, or the adaptive target. */
+  private prefetchTarget(): number {
+    const { prefetch, maxReaders, batchSize } = this.options;
+    if (prefetch !== 'auto') return prefetch;
+    return autoPrefetch({ maxReaders, batchSize, claimMs: this.claimMs.value, handlerMs: this.handlerMs.value });
   }
 
   // ---- running a job ----------------------------------------------------------------------
@@ -398,6 +389,7 @@ export class QueueConsumer {
 
   private async execute(held: HeldJob, context: JobContext): Promise<void> {
     const { job } = held;
+    const startedAt = this.deps.clock.now();
     const handled = Promise.resolve()
       .then(() => this.handler(job.payload, context))
       .then(
@@ -429,6 +421,7 @@ export class QueueConsumer {
       return;
     }
     const outcome = result;
+    this.handlerMs.add(this.deps.clock.now() - startedAt);
 
     // Even when a heartbeat already found the lease gone, the outcome is sent: the token check
     // in the database is the arbiter, and its refusal is what gets logged and counted.

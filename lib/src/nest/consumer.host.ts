@@ -53,8 +53,6 @@ export class SqlQueueConsumerHost implements OnModuleInit, OnApplicationBootstra
       listeners: this.runtime.listeners,
       wakeBus: this.runtime.wakeBus,
       workerId: this.runtime.workerId,
-      activationIntervalMs: options.consumer.activationIntervalMs,
-      activationQuietMs: options.consumer.activationQuietMs,
     });
     for (const handler of handlers) {
       const resolved = resolveQueueOptions(

@@ -267,7 +267,7 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
     });
     new Counter({
       name: this.name('reader_activations_total'),
-      help: 'Readers started by the activation rule in this process (work waiting and every reader busy).',
+      help: 'Readers started in this process for claimed jobs that found no idle reader (the activation rule).',
       labelNames: queueLabel,
       registers,
       collect: fromFigures((c, p) => c.inc({ queue: p.queue }, p.readerActivations)),
