@@ -230,8 +230,11 @@ export function describeStoreContract(target: StoreTarget): void {
         const committed = await target.beginTransaction();
         const [kept] = await store.enqueue([job(queue, { keep: true })], committed.handle);
         if (target.concurrentSessions) {
-          // Not visible (so not claimable) before the caller commits.
-          expect(await store.getJob(kept!.jobId)).toBeNull();
+          // Not claimable before the caller commits. Probed through the READPAST / SKIP LOCKED
+          // paths only: on SQL Server with READ_COMMITTED_SNAPSHOT off a plain read (getJob)
+          // would wait on the caller's uncommitted insert instead of answering.
+          expect(await store.claim({ queue, limit: 10, leaseMs: 60_000, workerId: 'tx-probe' })).toEqual([]);
+          expect(await store.hasClaimableWork(queue)).toBe(false);
         }
         await committed.commit();
         expect((await store.getJob(kept!.jobId))!.state).toBe('ready');
