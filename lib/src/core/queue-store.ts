@@ -72,7 +72,7 @@ export interface QueueStore {
   /** Returns up to `batchSize` expired leases to ready (or dead when out of attempts). */
   reap(batchSize: number): Promise<ReapedJob[]>;
 
-  /** Cheap probe for the activation rule: is there at least one due job? */
+  /** Cheap probe: is there at least one due job that no one holds? Never waits on open transactions. */
   hasClaimableWork(queue: string): Promise<boolean>;
 
   stats(queue: string): Promise<QueueStats>;
