@@ -147,13 +147,7 @@ describe('SqlQueueModule: boot errors name the class and the problem', () => {
   });
 
   it('invalid handler options', async () => {
-    @QueueHandler('badopts', { maxReaders: 0 })
-    class BadOptions {
-      async handle() {}
-    }
-    await expect(boot({ schema, providers: [BadOptions] })).rejects.toThrow(
-      /@QueueHandler\('badopts'\) on BadOptions\.maxReaders must be an integer from 1/,
-    );
+    // A single option out of range fails when the class is defined (nest-boot-checks-offline).
     @QueueHandler('minmax', { minReaders: 5, maxReaders: 2 })
     class MinOverMax {
       async handle() {}

@@ -27,6 +27,17 @@ export function defaultWorkerId(): string {
 }
 
 /**
+ * The effective options a queue runs with, as `name=value` pairs named like the options a user
+ * writes (the backoff function is left out).
+ */
+function describeQueueOptions(options: ResolvedQueueOptions): string {
+  return Object.entries(options)
+    .filter(([name, value]) => name !== 'queue' && typeof value !== 'function')
+    .map(([name, value]) => `${name}=${value === null ? 'none' : String(value)}`)
+    .join(', ');
+}
+
+/**
  * All queues consumed by this process. Framework-free: the Nest consumer host builds one from
  * discovered handlers, and the failure drills drive one directly in child processes.
  */
@@ -72,12 +83,10 @@ export class SqlQueueConsumer {
         return;
       }
     }
-    for (const consumer of this.queues.values()) consumer.start();
-    if (this.queues.size > 0) {
+    for (const consumer of this.queues.values()) {
+      consumer.start();
       this.deps.logger.log(
-        `consuming ${[...this.queues.values()]
-          .map((c) => `'${c.queue}' (${c.options.minReaders}..${c.options.maxReaders} readers)`)
-          .join(', ')} as worker ${this.deps.workerId}`,
+        `consuming queue '${consumer.queue}' as worker ${this.deps.workerId}: ${describeQueueOptions(consumer.options)}`,
       );
     }
   }

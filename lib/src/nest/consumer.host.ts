@@ -8,9 +8,8 @@ import {
 } from '@nestjs/common';
 import { systemClock } from '../core/clock.js';
 import { SqlQueueConsumer, type ConsumerSnapshot } from '../core/consumer.js';
-import { SqlQueueConfigError } from '../core/errors.js';
-import { resolveQueueOptions } from '../core/options.js';
-import { QueueHandlerExplorer } from './queue-handler.explorer.js';
+import { declaredHandlers } from './queue-handler.decorator.js';
+import { QueueHandlerExplorer, resolveHandlerOptions } from './queue-handler.explorer.js';
 import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
 import type { SqlQueueRuntime } from './sql-queue.runtime.js';
 
@@ -38,13 +37,9 @@ export class SqlQueueConsumerHost implements OnModuleInit, OnApplicationBootstra
     }
   }
 
+  /** The second-instance, option and ScheduleModule checks ran before connecting (checkBeforeConnecting). */
   private prepareConsumer(): SqlQueueConsumer {
     const { options } = this.runtime;
-    if (this.explorer.countRuntimes(SQL_QUEUE_RUNTIME) > 1) {
-      throw new SqlQueueConfigError(
-        'SqlQueueModule.forRoot() is imported more than once in this application: import it once (isGlobal: true, or from one shared module). Handlers are discovered application-wide, so each instance would run every handler; several queue databases in one application are not supported yet',
-      );
-    }
     const handlers = this.explorer.discover();
     const consumer = new SqlQueueConsumer({
       store: this.runtime.store,
@@ -55,24 +50,42 @@ export class SqlQueueConsumerHost implements OnModuleInit, OnApplicationBootstra
       workerId: this.runtime.workerId,
     });
     for (const handler of handlers) {
-      const resolved = resolveQueueOptions(
-        handler.queue,
-        { module: options.queues[handler.queue], handler: handler.options },
-        options.consumer,
-        `@QueueHandler('${handler.queue}') on ${handler.className}`,
-      );
+      const resolved = resolveHandlerOptions(handler, options);
       this.runtime.handlerOptions.set(handler.queue, handler.options);
       consumer.register(resolved, (payload, context) => handler.instance.handle(payload, context));
     }
-    for (const queue of Object.keys(options.queues)) {
-      if (options.consumer.enabled && handlers.length > 0 && !handlers.some((h) => h.queue === queue)) {
-        this.logger.warn(`queue '${queue}' is configured but has no @QueueHandler in this application`);
-      }
-    }
-    if (!options.consumer.enabled && handlers.length > 0) {
+    if (options.consumer.enabled) this.warnUnconsumed(handlers.map((handler) => handler.queue));
+    else if (handlers.length > 0) {
       this.logger.log(`consumer disabled: ${handlers.length} handler(s) discovered but not started`);
     }
     return consumer;
+  }
+
+  /**
+   * A queue nobody consumes looks, from the producer's side, exactly like a working one: jobs
+   * just wait. Most often a @QueueHandler class that no module lists in its providers (never
+   * instantiated, so never discovered). Said at boot, naming such classes.
+   */
+  private warnUnconsumed(consumed: string[]): void {
+    const unprovided = declaredHandlers().filter((declared) => !consumed.includes(declared.queue));
+    const notProvided = (classes: typeof unprovided) =>
+      `${classes.map((c) => `${c.className} has @QueueHandler('${c.queue}')`).join(', ')} but ${classes.length === 1 ? 'is' : 'are'} in no module's providers`;
+    if (consumed.length === 0) {
+      this.logger.warn(
+        `no @QueueHandler provider in this application, so this process consumes no queue: list handler classes in a module's providers, or set consumer.enabled: false in a producer-only process${unprovided.length > 0 ? ` (${notProvided(unprovided)})` : ''}`,
+      );
+    }
+    for (const queue of Object.keys(this.runtime.options.queues)) {
+      if (consumed.includes(queue)) continue;
+      const classes = unprovided.filter((declared) => declared.queue === queue);
+      this.logger.warn(
+        `queue '${queue}' is configured in queues but this process does not consume it: ${
+          classes.length > 0
+            ? notProvided(classes)
+            : `no provider has @QueueHandler('${queue}') (fine if another process consumes it)`
+        }`,
+      );
+    }
   }
 
   async onApplicationBootstrap(): Promise<void> {

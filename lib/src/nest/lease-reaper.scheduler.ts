@@ -5,7 +5,6 @@ import {
   Optional,
   type BeforeApplicationShutdown,
   type OnApplicationBootstrap,
-  type OnModuleInit,
 } from '@nestjs/common';
 import { SchedulerRegistry } from '@nestjs/schedule';
 import { SqlQueueConfigError } from '../core/errors.js';
@@ -20,9 +19,10 @@ import type { SqlQueueRuntime } from './sql-queue.runtime.js';
  * SchedulerRegistry. The library never calls ScheduleModule.forRoot() itself: a second call
  * would run the application's own @Cron/@Interval jobs twice. Runs never overlap, errors are
  * logged (throttled) and never escape the timer, and every instance may run it at once.
+ * A missing SchedulerRegistry is refused before the database is reached (checkBeforeConnecting).
  */
 @Injectable()
-export class LeaseReaperScheduler implements OnModuleInit, OnApplicationBootstrap, BeforeApplicationShutdown {
+export class LeaseReaperScheduler implements OnApplicationBootstrap, BeforeApplicationShutdown {
   private readonly logger = new Logger('SqlQueue');
   private readonly names: string[] = [];
   private readonly inFlight = new Set<Promise<void>>();
@@ -31,18 +31,6 @@ export class LeaseReaperScheduler implements OnModuleInit, OnApplicationBootstra
     @Inject(SQL_QUEUE_RUNTIME) private readonly runtime: SqlQueueRuntime,
     @Optional() private readonly registry?: SchedulerRegistry,
   ) {}
-
-  /** Checked at module init, before anything starts: a failed init leaves nothing running. */
-  async onModuleInit(): Promise<void> {
-    const { reaper, retention } = this.runtime.options;
-    if ((reaper.enabled || retention.enabled) && !this.registry) {
-      await this.runtime.failBoot(
-        new SqlQueueConfigError(
-          'SqlQueueModule schedules its lease reaper with @nestjs/schedule: import ScheduleModule.forRoot() in your application module, or set reaper.enabled and retention.enabled to false',
-        ),
-      );
-    }
-  }
 
   onApplicationBootstrap(): void {
     const { reaper, retention, schema } = this.runtime.options;

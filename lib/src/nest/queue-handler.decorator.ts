@@ -1,6 +1,8 @@
 import { DiscoveryService } from '@nestjs/core';
+import { SqlQueueConfigError } from '../core/errors.js';
 import type { JobContext } from '../core/handler.js';
-import type { QueueOptions } from '../core/options.js';
+import { validateQueueOptions, type QueueOptions } from '../core/options.js';
+import { assertQueueName } from '../core/validation.js';
 
 /** Options a handler can set for its queue; they override the module's `queues` entry. */
 export type QueueHandlerOptions = QueueOptions;
@@ -21,10 +23,14 @@ export interface QueueJobHandler<T = unknown> {
  */
 export const QueueHandlerMarker = DiscoveryService.createDecorator<QueueHandlerMetadata>();
 
+/** Classes decorated in this process, by queue: named in the warning for a queue nothing consumes. */
+const declaredClasses = new Map<string, Set<string>>();
+
 /**
  * Marks a provider as the handler of a queue. The class must be a singleton provider (listed in
  * a module's providers, with `@Injectable()`) with an async `handle(payload, context)` method.
- * One handler per queue per application.
+ * One handler per queue per application. The queue name and the options are checked when the
+ * class is defined, so a mistake there fails at import, before any database is reached.
  *
  * ```ts
  * @QueueHandler('emails', { maxReaders: 10, maxAttempts: 5 })
@@ -35,7 +41,37 @@ export const QueueHandlerMarker = DiscoveryService.createDecorator<QueueHandlerM
  * ```
  */
 export function QueueHandler(queue: string, options: QueueHandlerOptions = {}): ClassDecorator {
-  // Deliberately not @Injectable() as well: that would overwrite a scope the class declares,
-  // and hide a request-scoped handler from the check that refuses it.
-  return QueueHandlerMarker({ queue, options }) as ClassDecorator;
+  const mark = QueueHandlerMarker({ queue, options }) as ClassDecorator;
+  return (target) => {
+    checkHandlerDeclaration(queue, options, target.name);
+    let names = declaredClasses.get(queue);
+    if (!names) declaredClasses.set(queue, (names = new Set()));
+    names.add(target.name);
+    // Deliberately not @Injectable() as well: that would overwrite a scope the class declares,
+    // and hide a request-scoped handler from the check that refuses it.
+    return mark(target);
+  };
+}
+
+/**
+ * What a `@QueueHandler` says on its own: a valid queue name and valid options. The decorator
+ * checks it at class definition; discovery again, for metadata set through QueueHandlerMarker.
+ * Checks that depend on the module's options come at boot, before the database is reached.
+ */
+export function checkHandlerDeclaration(queue: unknown, options: unknown, className: string): void {
+  const where = `@QueueHandler('${String(queue)}') on ${className}`;
+  try {
+    assertQueueName(queue, SqlQueueConfigError);
+  } catch (error) {
+    throw new SqlQueueConfigError(`${where}: ${(error as Error).message}`);
+  }
+  if (options === null || typeof options !== 'object' || Array.isArray(options)) {
+    throw new SqlQueueConfigError(`${where}: options must be an object`);
+  }
+  validateQueueOptions(where, options);
+}
+
+/** Every class decorated with `@QueueHandler` in this process, provided in a module or not. */
+export function declaredHandlers(): { queue: string; className: string }[] {
+  return [...declaredClasses].flatMap(([queue, names]) => [...names].map((className) => ({ queue, className })));
 }

@@ -1,5 +1,6 @@
 import { Module } from '@nestjs/common';
 import { DiscoveryModule } from '@nestjs/core';
+import { SchedulerRegistry } from '@nestjs/schedule';
 import { SqlQueueConfigError } from '../core/errors.js';
 import { SqlQueueConsumerHost } from './consumer.host.js';
 import { LeaseReaperScheduler } from './lease-reaper.scheduler.js';
@@ -7,13 +8,11 @@ import { QueueProducer } from './queue.producer.js';
 import { QueueHandlerExplorer } from './queue-handler.explorer.js';
 import { SQL_QUEUE_MODULE_OPTIONS, SqlQueueConfigurableModule } from './sql-queue.module-definition.js';
 import { SqlQueueConnectionLifecycle } from './sql-queue.lifecycle.js';
-import type { SqlQueueModuleOptions } from './sql-queue.options.js';
+import { resolveModuleOptions, type SqlQueueModuleOptions } from './sql-queue.options.js';
+import { BARE_IMPORT, checkBeforeConnecting } from './sql-queue.boot-checks.js';
 import { SqlQueueMetrics } from './sql-queue.metrics.js';
 import { createSqlQueueRuntime } from './sql-queue.runtime.js';
 import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
-
-const BARE_IMPORT =
-  'SqlQueueModule is imported without forRoot(): import SqlQueueModule.forRoot({ connection, … }) or SqlQueueModule.forRootAsync({ … }) once, in the application module. It is global, so other modules inject QueueProducer without importing SqlQueueModule';
 
 /**
  * The queue in a Nest application:
@@ -29,10 +28,20 @@ const BARE_IMPORT =
       provide: SQL_QUEUE_RUNTIME,
       // Optional, so the bare class (imported without forRoot) gets a message naming the fix
       // instead of Nest's "can't resolve dependencies of Symbol(SQL_QUEUE_RUNTIME)".
-      inject: [{ token: SQL_QUEUE_MODULE_OPTIONS, optional: true }],
-      useFactory: (options: SqlQueueModuleOptions | undefined) => {
-        if (options === undefined) throw new SqlQueueConfigError(BARE_IMPORT);
-        return createSqlQueueRuntime(options);
+      inject: [
+        { token: SQL_QUEUE_MODULE_OPTIONS, optional: true },
+        QueueHandlerExplorer,
+        { token: SchedulerRegistry, optional: true },
+      ],
+      useFactory: (
+        raw: SqlQueueModuleOptions | undefined,
+        explorer: QueueHandlerExplorer,
+        scheduler: SchedulerRegistry | undefined,
+      ) => {
+        if (raw === undefined) throw new SqlQueueConfigError(BARE_IMPORT);
+        const options = resolveModuleOptions(raw);
+        const handlerOptions = checkBeforeConnecting(options, explorer, scheduler);
+        return createSqlQueueRuntime(options, handlerOptions);
       },
     },
     QueueProducer,

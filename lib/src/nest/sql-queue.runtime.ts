@@ -8,7 +8,7 @@ import type { QueueStore } from '../core/queue-store.js';
 import { DEFAULT_MAX_ATTEMPTS } from '../core/validation.js';
 import { RemoteWaker, WakeBus } from '../core/wake.js';
 import { createQueueStore } from '../store/create-store.js';
-import { resolveModuleOptions, type ResolvedModuleOptions, type SqlQueueModuleOptions } from './sql-queue.options.js';
+import type { ResolvedModuleOptions } from './sql-queue.options.js';
 
 const STORE_CLOSE_TIMEOUT_MS = 5_000;
 
@@ -17,7 +17,10 @@ const STORE_CLOSE_TIMEOUT_MS = 5_000;
  * option, an unreachable database or a schema mismatch fails the application's boot.
  */
 export class SqlQueueRuntime {
-  /** Handler-level options of queues consumed in this process, filled in at bootstrap. */
+  /**
+   * Handler-level options of this application's queues: declared handlers before the database
+   * is reached, every handler (factory providers too) at module init.
+   */
   readonly handlerOptions = new Map<string, QueueOptions>();
   readonly wakeBus = new WakeBus();
   readonly remoteWaker: RemoteWaker | null;
@@ -83,8 +86,11 @@ export class SqlQueueRuntime {
   }
 }
 
-export async function createSqlQueueRuntime(raw: SqlQueueModuleOptions): Promise<SqlQueueRuntime> {
-  const options = resolveModuleOptions(raw);
+/** Connects and migrates; the options are resolved and every check without a database passed. */
+export async function createSqlQueueRuntime(
+  options: ResolvedModuleOptions,
+  handlerOptions: ReadonlyMap<string, QueueOptions>,
+): Promise<SqlQueueRuntime> {
   const logger = new Logger('SqlQueue');
   const store = await createQueueStore(options.connection, {
     schema: options.schema,
@@ -101,5 +107,7 @@ export async function createSqlQueueRuntime(raw: SqlQueueModuleOptions): Promise
     await store.close().catch(() => undefined);
     throw error;
   }
-  return new SqlQueueRuntime(options, store, logger);
+  const runtime = new SqlQueueRuntime(options, store, logger);
+  for (const [queue, queueOptions] of handlerOptions) runtime.handlerOptions.set(queue, queueOptions);
+  return runtime;
 }
