@@ -1,19 +1,20 @@
-import type { PGlite } from '@electric-sql/pglite';
-import type sql from 'mssql';
-import type pg from 'pg';
 import { SqlQueueConfigError } from '../core/errors.js';
 import type { QueueStore } from '../core/queue-store.js';
 import { assertSchemaName, describe } from '../core/validation.js';
+import type { SqlQueueMssqlConfig, SqlQueueMssqlPool, SqlQueuePgPool, SqlQueuePGlite } from './driver-shapes.js';
 
-/** Where the queue lives. The drivers are optional peers: only the chosen one is loaded. */
+/**
+ * Where the queue lives. The drivers are optional peers: only the chosen one is loaded, and
+ * these types name none of them (see driver-shapes.ts), so any application compiles them.
+ */
 export type SqlQueueConnection =
   /** `queryTimeoutMs` (default 60 s) fails a statement stuck on a silently dead connection. */
   | { dialect: 'postgres'; url: string; poolSize?: number; queryTimeoutMs?: number }
-  | { dialect: 'postgres'; pglite: PGlite }
+  | { dialect: 'postgres'; pglite: SqlQueuePGlite }
   | { dialect: 'mssql'; url: string; poolSize?: number }
-  | { dialect: 'mssql'; config: sql.config }
+  | { dialect: 'mssql'; config: SqlQueueMssqlConfig }
   /** The application's own pool (pg.Pool or mssql.ConnectionPool): shared, never closed by us. */
-  | { pool: pg.Pool | sql.ConnectionPool; dialect?: 'postgres' | 'mssql' };
+  | { pool: SqlQueuePgPool | SqlQueueMssqlPool; dialect?: 'postgres' | 'mssql' };
 
 export interface CreateStoreOptions {
   schema: string;
@@ -46,7 +47,7 @@ export async function createQueueStore(
       return new PostgresQueueStore(new PGliteDriver(connection.pglite, false), options.schema);
     }
     const { createPostgresStore } = await loadDriver('pg', () => import('./postgres/postgres.connect.js'));
-    if ('pool' in connection) return createPostgresStore({ pool: connection.pool as pg.Pool }, options);
+    if ('pool' in connection) return createPostgresStore({ pool: connection.pool as SqlQueuePgPool }, options);
     if ('url' in connection) {
       const { url, poolSize } = connection;
       const queryTimeoutMs = 'queryTimeoutMs' in connection ? connection.queryTimeoutMs : undefined;
@@ -55,7 +56,7 @@ export async function createQueueStore(
     throw new SqlQueueConfigError("a postgres connection needs 'url', 'pool' or 'pglite'");
   }
   const { createMssqlStore } = await loadDriver('mssql', () => import('./mssql/mssql.connect.js'));
-  if ('pool' in connection) return createMssqlStore({ pool: connection.pool as sql.ConnectionPool }, options);
+  if ('pool' in connection) return createMssqlStore({ pool: connection.pool as SqlQueueMssqlPool }, options);
   if ('config' in connection) return createMssqlStore({ config: connection.config }, options);
   if ('url' in connection) return createMssqlStore({ url: connection.url, poolSize: connection.poolSize }, options);
   throw new SqlQueueConfigError("an mssql connection needs 'url', 'config' or 'pool'");

@@ -1,14 +1,15 @@
 import sql from 'mssql';
 import { SqlQueueConfigError } from '../../core/errors.js';
+import type { SqlQueueMssqlConfig, SqlQueueMssqlPool } from '../driver-shapes.js';
 import { MssqlQueueStore } from './mssql.store.js';
 
 export type MssqlConnection =
   /** An mssql config object; the store opens and closes its own pool. */
-  | { config: sql.config }
+  | { config: SqlQueueMssqlConfig }
   /** `mssql://user:password@host:1433/database?encrypt=true` or an ADO string (`Server=…;Database=…`). */
   | { url: string; poolSize?: number }
   /** The application's pool: shared, never closed by the store. */
-  | { pool: sql.ConnectionPool };
+  | { pool: SqlQueueMssqlPool };
 
 export interface MssqlStoreOptions {
   schema: string;
@@ -22,7 +23,11 @@ export function createMssqlStore(connection: MssqlConnection, options: MssqlStor
     }
     return new MssqlQueueStore(connection.pool, false, options.schema);
   }
-  const config = 'config' in connection ? connection.config : mssqlConfigFromUrl(connection.url, connection.poolSize);
+  // The public shape types only the common fields (mssql is an optional peer); mssql checks the rest.
+  const config =
+    'config' in connection
+      ? (connection.config as sql.config)
+      : mssqlConfigFromUrl(connection.url, connection.poolSize);
   const pool = new sql.ConnectionPool(config);
   // Errors on idle connections surface here; without a listener Node would treat them as fatal.
   pool.on('error', (error: Error) => options.onBackgroundError?.(error));

@@ -1,7 +1,7 @@
-import type { PGlite } from '@electric-sql/pglite';
 import pg from 'pg';
 import { SqlQueueConfigError } from '../../core/errors.js';
 import { assertInteger, INT_MAX } from '../../core/validation.js';
+import type { SqlQueuePgPool, SqlQueuePGlite } from '../driver-shapes.js';
 import { PGliteDriver, type PgDriver } from './postgres.driver.js';
 import { NodePgDriver } from './postgres.node-pg.js';
 import { PostgresQueueStore } from './postgres.store.js';
@@ -10,9 +10,9 @@ export type PostgresConnection =
   /** A connection string; the store opens and closes its own pool. */
   | { url: string; poolSize?: number; applicationName?: string; queryTimeoutMs?: number }
   /** The application's pool: shared, never closed by the store. */
-  | { pool: pg.Pool }
+  | { pool: SqlQueuePgPool }
   /** Embedded PostgreSQL (for zero-setup apps and tests); closed by the store only if `ownsDb`. */
-  | { pglite: PGlite; ownsDb?: boolean };
+  | { pglite: SqlQueuePGlite; ownsDb?: boolean };
 
 export interface PostgresStoreOptions {
   schema: string;
@@ -35,7 +35,7 @@ function createPgDriver(connection: PostgresConnection, onBackgroundError: (erro
     ) {
       throw new SqlQueueConfigError('connection.pool must be a pg.Pool');
     }
-    return new NodePgDriver(connection.pool, false, onBackgroundError);
+    return new NodePgDriver(connection.pool as pg.Pool, false, onBackgroundError);
   }
   if (typeof connection.url !== 'string' || !/^postgres(ql)?:\/\//.test(connection.url)) {
     throw new SqlQueueConfigError(

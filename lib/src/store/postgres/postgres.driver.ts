@@ -1,5 +1,5 @@
-import type { PGlite } from '@electric-sql/pglite';
 import { SqlQueueValidationError } from '../../core/errors.js';
+import type { SqlQueuePGlite } from '../driver-shapes.js';
 import { quotePgIdentifier } from './postgres.identifiers.js';
 
 export interface PgRows<R> {
@@ -29,7 +29,7 @@ export class PGliteDriver implements PgDriver {
   readonly kind = 'pglite';
 
   constructor(
-    private readonly db: PGlite,
+    private readonly db: SqlQueuePGlite,
     private readonly ownsDb: boolean,
   ) {}
 
