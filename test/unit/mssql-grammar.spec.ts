@@ -8,7 +8,7 @@ import {
   mssqlReadVersion,
   mssqlRecordVersion,
 } from '../../lib/src/store/mssql/mssql.migrations.js';
-import { mssqlQueries } from '../../lib/src/store/mssql/mssql.queries.js';
+import { MSSQL_OPEN_TRANSACTION, MSSQL_STORE_SESSION, mssqlQueries } from '../../lib/src/store/mssql/mssql.queries.js';
 import { checkTsqlWithKnownGaps } from '../helpers/tsql-grammar.js';
 
 /** Every batch the SQL Server store can send, for a default and an unusual (valid) schema name. */
@@ -50,26 +50,213 @@ describe('every T-SQL batch the SQL Server store emits parses as T-SQL', () => {
   });
 });
 
-describe('isolation of the statements the SQL Server store runs on its own', () => {
-  // A pooled connection keeps the isolation level its last transaction set (the driver never
-  // resets it); READPAST fails with error 650 at SNAPSHOT or SERIALIZABLE.
-  const queries = mssqlQueries('sqlqueue');
-  const inCallerTransaction = new Set(['enqueueOne', 'enqueueMany']);
+/** Store-owned: run on the store's own pooled connections, never in a caller's transaction. */
+const CALLER_TRANSACTION_STATEMENTS = new Set(['enqueueOne', 'enqueueMany']);
+/** A bare readiness round trip; it changes nothing and must work on any connection. */
+const PLAIN_STATEMENTS = new Set(['ping']);
 
-  it.each(
-    Object.entries(queries).filter(
-      ([name, text]) => !inCallerTransaction.has(name) && /READPAST|UPDATE|DELETE/.test(text),
-    ),
-  )('%s sets READ COMMITTED before it reads or writes', (_name, text) => {
-    const set = text.indexOf('SET TRANSACTION ISOLATION LEVEL READ COMMITTED;');
-    expect(set).toBeGreaterThanOrEqual(0);
-    const firstWork = text.search(/\b(SELECT|UPDATE|DELETE|INSERT|WITH)\b/);
-    expect(set).toBeLessThan(firstWork);
+function storeOwned(schema = 'sqlqueue'): [string, string][] {
+  return Object.entries(mssqlQueries(schema)).filter(
+    ([name]) => !CALLER_TRANSACTION_STATEMENTS.has(name) && !PLAIN_STATEMENTS.has(name),
+  );
+}
+
+describe('session state of the statements the SQL Server store runs on its own (issue 10, C3)', () => {
+  it('the shared prefix refuses an open transaction before it sets anything, then pins the session', () => {
+    const lines = MSSQL_STORE_SESSION.trim().split('\n');
+    expect(lines[0]).toBe('IF @@TRANCOUNT <> 0');
+    expect(lines[1]).toMatch(new RegExp(`^\\s+THROW ${MSSQL_OPEN_TRANSACTION}, N'nestjs-sql-queue: [^']+', 1;$`));
+    expect(lines.slice(2)).toEqual([
+      'SET NOCOUNT ON;',
+      'SET IMPLICIT_TRANSACTIONS OFF;',
+      'SET ROWCOUNT 0;',
+      'SET TRANSACTION ISOLATION LEVEL READ COMMITTED;',
+    ]);
+    expect(checkTsqlWithKnownGaps(MSSQL_STORE_SESSION).errors).toEqual([]);
   });
 
-  it('enqueue statements leave the caller transaction’s isolation level alone', () => {
-    for (const name of inCallerTransaction) {
-      expect(queries[name as keyof typeof queries]).not.toMatch(/SET TRANSACTION ISOLATION LEVEL/);
+  it('covers every statement but the two enqueues and ping', () => {
+    expect(storeOwned().map(([name]) => name)).toEqual(
+      expect.arrayContaining([
+        'claim',
+        'heartbeat',
+        'complete',
+        'fail',
+        'release',
+        'reap',
+        'hasClaimableWork',
+        'stats',
+        'queueHealth',
+        'getJob',
+        'getAttempts',
+        'listDead',
+        'retryDead',
+        'retryAllDead',
+        'purgeDead',
+        'cleanup',
+      ]),
+    );
+  });
+
+  it.each(storeOwned())('%s opens with the shared prefix', (_name, text) => {
+    expect(text.startsWith(MSSQL_STORE_SESSION)).toBe(true);
+  });
+
+  it.each(storeOwned())('%s sets no other session option than XACT_ABORT for its own transaction', (_name, text) => {
+    const sets = text
+      .slice(MSSQL_STORE_SESSION.length)
+      .match(/\bSET\s+(?!@)[A-Z_]+(?:\s+[A-Z_]+)*?\s+(?:ON|OFF|\d+|READ COMMITTED)\b/g);
+    for (const set of sets ?? []) expect(set).toBe('SET XACT_ABORT ON');
+  });
+
+  it('ping stays a bare round trip', () => {
+    expect(mssqlQueries('sqlqueue').ping).toBe('SELECT 1 AS [Ok];');
+  });
+});
+
+const GRANULARITY_HINTS = ['PAGLOCK', 'NOLOCK', 'READCOMMITTEDLOCK', 'ROWLOCK', 'TABLOCK', 'TABLOCKX'];
+const ISOLATION_HINTS = ['HOLDLOCK', 'NOLOCK', 'READCOMMITTED', 'REPEATABLEREAD', 'SERIALIZABLE'];
+
+/** Every table-hint list in a batch: `WITH (A, B)` (index options such as DROP_EXISTING = ON have `=`). */
+function hintLists(text: string): string[][] {
+  return [...text.matchAll(/\bWITH\s*\(([A-Z_]+(?:\s*,\s*[A-Z_]+)*)\)/g)].map((m) => m[1]!.split(/\s*,\s*/));
+}
+
+/**
+ * "SQL Server doesn't allow for more than one table hint from each of the following groups for
+ * each table in the FROM clause" (https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table).
+ */
+function hintGroupConflicts(text: string): string[] {
+  const conflicts: string[] = [];
+  for (const hints of hintLists(text)) {
+    for (const [group, members] of [
+      ['granularity', GRANULARITY_HINTS],
+      ['isolation', ISOLATION_HINTS],
+    ] as const) {
+      const taken = hints.filter((h) => members.includes(h));
+      if (taken.length > 1) conflicts.push(`${group}: ${taken.join(', ')}`);
     }
+  }
+  return conflicts;
+}
+
+describe('table hints (issue 10)', () => {
+  const batches = everyBatch('sqlqueue');
+
+  it.each(batches)('%s takes at most one hint from each group the table-hints page names', (_name, text) => {
+    expect(hintGroupConflicts(text)).toEqual([]);
+  });
+
+  it('the group check can fail: the claim hints with ROWLOCK added are two granularity hints', () => {
+    const lists = batches.flatMap(([, text]) => hintLists(text)).map((hints) => hints.join(', '));
+    expect(lists).toContain('UPDLOCK, READPAST, READCOMMITTEDLOCK');
+    expect(hintGroupConflicts('SELECT 1 FROM t WITH (UPDLOCK, READPAST, READCOMMITTEDLOCK, ROWLOCK);')).toEqual([
+      'granularity: READCOMMITTEDLOCK, ROWLOCK',
+    ]);
+  });
+});
+
+const JOBS_OR_ATTEMPTS = String.raw`\[sqlqueue\]\.\[(?:Jobs|Attempts)\]`;
+
+interface DmlTarget {
+  statement: string;
+  how: string;
+  hints: string[];
+  /** TOP (@n) on the rows it changes, or a join to a table-valued parameter the store bounds. */
+  bounded: boolean;
+}
+
+/**
+ * The Jobs/Attempts rows each INSERT, UPDATE and DELETE writes, with the hints on the table
+ * reference that chooses them. UPDATE forms in use: `UPDATE alias … FROM table AS alias WITH (…)
+ * INNER JOIN @tvp`, and `WITH cte AS (SELECT TOP (@n) * FROM table WITH (…) …) UPDATE cte`.
+ */
+function dmlTargets(text: string): DmlTarget[] {
+  const targets: DmlTarget[] = [];
+  const hintsAfter = (at: number) => {
+    const m = /^(?:\s+AS\s+\w+)?\s+WITH\s+\(([^)]*)\)/.exec(text.slice(at));
+    return m ? m[1]!.split(/\s*,\s*/) : [];
+  };
+  for (const m of text.matchAll(new RegExp(String.raw`\bINSERT\s+INTO\s+(${JOBS_OR_ATTEMPTS})`, 'g'))) {
+    targets.push({ statement: m[0], how: 'insert', hints: hintsAfter(m.index! + m[0].length), bounded: true });
+  }
+  for (const m of text.matchAll(
+    new RegExp(String.raw`\bDELETE\s+(TOP\s*\([^)]*\)\s+)?FROM\s+(${JOBS_OR_ATTEMPTS})`, 'g'),
+  )) {
+    targets.push({ statement: m[0], how: 'delete', hints: hintsAfter(m.index! + m[0].length), bounded: !!m[1] });
+  }
+  for (const m of text.matchAll(/\bUPDATE\s+(\S+)/g)) {
+    const target = m[1]!;
+    if (new RegExp(`^${JOBS_OR_ATTEMPTS}$`).test(target)) {
+      targets.push({ statement: m[0], how: 'update', hints: hintsAfter(m.index! + m[0].length), bounded: false });
+      continue;
+    }
+    const alias = new RegExp(
+      String.raw`\bFROM\s+${JOBS_OR_ATTEMPTS}\s+AS\s+${target}(?:\s+WITH\s+\(([^)]*)\))?\s+INNER\s+JOIN\s+(@\w+)`,
+    ).exec(text);
+    const cte = new RegExp(
+      String.raw`\b${target}\s+AS\s+\(\s*SELECT\s+(TOP\s*\(@\w+\)\s+)?\*\s+FROM\s+${JOBS_OR_ATTEMPTS}\s+WITH\s+\(([^)]*)\)`,
+    ).exec(text);
+    if (alias)
+      targets.push({
+        statement: m[0],
+        how: `update via ${alias[2]}`,
+        hints: alias[1]?.split(/\s*,\s*/) ?? [],
+        bounded: true,
+      });
+    else if (cte)
+      targets.push({ statement: m[0], how: 'update via cte', hints: cte[2]!.split(/\s*,\s*/), bounded: !!cte[1] });
+    else targets.push({ statement: m[0], how: 'update (unrecognised form)', hints: [], bounded: false });
+  }
+  return targets;
+}
+
+/** The READPAST claims (claim, reaper) fill the granularity slot with READCOMMITTEDLOCK. */
+const CLAIM_HINTS = ['UPDLOCK', 'READPAST', 'READCOMMITTEDLOCK'];
+
+describe('writes to Jobs and Attempts (issue 10, P4/P5)', () => {
+  const queries = mssqlQueries('sqlqueue');
+  const writers = Object.entries(queries).filter(([, text]) => dmlTargets(text).length > 0);
+
+  it('finds the writers', () => {
+    expect(writers.map(([name]) => name).sort()).toEqual(
+      [
+        'claim',
+        'cleanup',
+        'complete',
+        'enqueueMany',
+        'enqueueOne',
+        'fail',
+        'heartbeat',
+        'purgeDead',
+        'reap',
+        'release',
+        'retryAllDead',
+        'retryDead',
+      ].sort(),
+    );
+  });
+
+  it.each(writers)('%s takes row locks: ROWLOCK, or the claim hints on a READPAST claim', (name, text) => {
+    for (const target of dmlTargets(text)) {
+      const readpastClaim = (name === 'claim' || name === 'reap') && target.how === 'update via cte';
+      const expected = readpastClaim ? CLAIM_HINTS : ['ROWLOCK'];
+      expect(target.hints, `${name}: ${target.statement} (${target.how})`).toEqual(expected);
+    }
+  });
+
+  it.each(writers)('%s never changes an unbounded set of rows', (name, text) => {
+    for (const target of dmlTargets(text)) {
+      expect(target.bounded, `${name}: ${target.statement} (${target.how})`).toBe(true);
+    }
+  });
+
+  it('the checks can fail: a hint dropped, a whole-queue UPDATE', () => {
+    const complete = queries.complete.replace('WITH (ROWLOCK)', '');
+    expect(dmlTargets(complete).map((t) => t.hints)).toEqual([[]]);
+    const unbounded = `UPDATE [sqlqueue].[Jobs] WITH (ROWLOCK) SET [State] = 'ready' WHERE [Queue] = @queue AND [State] = 'dead';`;
+    expect(dmlTargets(unbounded)).toEqual([expect.objectContaining({ hints: ['ROWLOCK'], bounded: false })]);
+    const cleanup = queries.cleanup.replace(/DELETE TOP \([^)]*\) FROM/g, 'DELETE FROM');
+    expect(dmlTargets(cleanup).every((t) => !t.bounded)).toBe(true);
   });
 });

@@ -43,10 +43,10 @@ export const MSSQL_TABLE_TYPES = {
   ids: 'IdList',
 } as const;
 
-/** SYSUTCDATETIME() moved by a bigint count of milliseconds (sign: +1 future, -1 past). */
-function shiftedNow(param: string, sign: 1 | -1): string {
+/** `now` (SYSUTCDATETIME() by default) moved by a bigint count of milliseconds (sign: +1 future, -1 past). */
+function shiftedNow(param: string, sign: 1 | -1, now = 'SYSUTCDATETIME()'): string {
   const op = sign === 1 ? '' : '-';
-  return `DATEADD(millisecond, ${op}CAST(${param} % 1000 AS int), DATEADD(second, ${op}CAST(${param} / 1000 AS int), SYSUTCDATETIME()))`;
+  return `DATEADD(millisecond, ${op}CAST(${param} % 1000 AS int), DATEADD(second, ${op}CAST(${param} / 1000 AS int), ${now}))`;
 }
 
 /**
@@ -63,14 +63,69 @@ const JOB_COLUMNS = `CAST([Id] AS varchar(20)) AS [Id], [Queue], [State], [Paylo
   [IdempotencyKey], [Attempts], [MaxAttempts], CAST([ClaimToken] AS char(36)) AS [ClaimToken], [LeaseUntil], [WorkerId],
   [CreatedAt], [ClaimedAt], [FinishedAt], [LastError]`;
 
+/** THROW number of the session guard: the store's connection has an open transaction. */
+export const MSSQL_OPEN_TRANSACTION = 51001;
+
 /**
- * Opens every statement the store runs on its own (not enqueue, which may run in the caller's
- * transaction). The driver never resets a pooled connection's isolation level, so one left at
- * SNAPSHOT or SERIALIZABLE by a transaction on a shared pool (or by connectionIsolationLevel)
- * would make every READPAST fail with error 650, and update conflicts raise instead of
- * reporting lost ownership. Set inside sp_executesql, it reverts when the batch ends.
+ * Session state every batch relies on, safe to set inside a caller's transaction too. The
+ * driver never resets a pooled connection (mssql has no reset call), so a shared pool can hand
+ * over a connection with an application's settings still on:
+ * - NOCOUNT ON: no DONE_IN_PROC row count per statement (one per queue in queueHealth's loop);
+ *   @@ROWCOUNT is still updated ("The @@ROWCOUNT function is updated even when SET NOCOUNT is
+ *   ON", https://learn.microsoft.com/sql/t-sql/statements/set-nocount-transact-sql).
+ * - IMPLICIT_TRANSACTIONS OFF: when ON, the first UPDATE of complete() would open a transaction
+ *   left open after the call, and BEGIN TRANSACTION is itself preceded by "an unseen BEGIN
+ *   TRANSACTION", so COMMIT would leave @@TRANCOUNT at 1
+ *   (https://learn.microsoft.com/sql/t-sql/statements/set-implicit-transactions-transact-sql).
+ *   Turning it off does not end a transaction that is already open.
+ * - ROWCOUNT 0: a leftover SET ROWCOUNT n "causes most Transact-SQL statements to stop
+ *   processing when they have been affected by the specified number of rows", so it would cap
+ *   UPDATEs (valid tokens reported lost) and the result SELECTs
+ *   (https://learn.microsoft.com/sql/t-sql/statements/set-rowcount-transact-sql).
+ * Every statement runs through mssql's request.query(), which tedious always sends as
+ * sp_executesql, and "if a SET statement is specified in a dynamic SQL string that is run by
+ * using either sp_executesql or EXECUTE, the value of the SET option is restored after control
+ * is returned from the batch" (https://learn.microsoft.com/sql/t-sql/statements/set-statements-transact-sql):
+ * the application's own settings on a shared pool survive.
  */
-const READ_COMMITTED = 'SET TRANSACTION ISOLATION LEVEL READ COMMITTED;\n';
+const SESSION_SETTINGS = `SET NOCOUNT ON;
+SET IMPLICIT_TRANSACTIONS OFF;
+SET ROWCOUNT 0;
+`;
+
+/**
+ * Opens every batch the store runs on its own pooled connections: everything but enqueue, which
+ * may run in the caller's transaction. None of these may run inside a transaction: their locks
+ * (READPAST claims, U locks of the reaper) must end with the statement, and an UPDATE joined to
+ * a transaction an application left open on a shared pool would never commit. So the guard
+ * refuses an open transaction rather than joining it (the seed's claim guard, for every batch).
+ * READ COMMITTED: a pooled connection keeps the isolation level its last transaction set (or
+ * connectionIsolationLevel), and at SNAPSHOT or SERIALIZABLE every READPAST fails with error
+ * 650 and update conflicts raise instead of reporting lost ownership. Set inside sp_executesql,
+ * it reverts when the batch ends, like the SET options above.
+ */
+export const MSSQL_STORE_SESSION = `IF @@TRANCOUNT <> 0
+  THROW ${MSSQL_OPEN_TRANSACTION}, N'nestjs-sql-queue: the store runs this statement in autocommit mode, but its connection has an open transaction', 1;
+${SESSION_SETTINGS}SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+`;
+
+/**
+ * The hints of every READPAST claim (claim, reaper), exactly the seed's. UPDLOCK makes the read
+ * a locking one and keeps the rows to the end of the statement; READPAST skips rows another
+ * claimer holds; READCOMMITTEDLOCK is there because "the READPAST table hint can't be specified
+ * when the READ_COMMITTED_SNAPSHOT database option is set to ON and ... the transaction
+ * isolation level of the session is READ COMMITTED ... include the READCOMMITTEDLOCK table
+ * hint" (its own locking is moot: "when UPDLOCK is specified, the READCOMMITTED and
+ * READCOMMITTEDLOCK isolation level hints are ignored").
+ * No ROWLOCK here: the same page says "SQL Server doesn't allow for more than one table hint
+ * from each of the following groups ... Granularity hints: PAGLOCK, NOLOCK, READCOMMITTEDLOCK,
+ * ROWLOCK, TABLOCK, or TABLOCKX" (https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table).
+ * NServiceBus's SQL transport (PR #1277/#1278) and Orleans (PR #10505) do ship
+ * (UPDLOCK, READPAST, ROWLOCK, READCOMMITTEDLOCK), so the engine accepts it in practice, but
+ * that is undocumented behaviour; the documented form is the seed's. Every other statement that
+ * writes Jobs or Attempts carries ROWLOCK (no other granularity hint).
+ */
+const CLAIM_HINTS = 'UPDLOCK, READPAST, READCOMMITTEDLOCK';
 
 /** Wraps statements that must commit together (a state change and its attempt row). */
 function atomically(body: string): string {
@@ -146,20 +201,19 @@ OUTER APPLY (SELECT TOP (1) j.[Id] FROM ${jobs} AS j
              WHERE n.[Id] IS NULL AND j.[Queue] = i.[Queue] AND j.[IdempotencyKey] = i.[IdempotencyKey]) AS e
 ORDER BY i.[Ord];`,
 
-    // @limit, @leaseMs, @queue, @workerId. The seed's pattern: autocommit only; UPDLOCK so
-    // claimers coordinate, READPAST so they skip each other's rows, READCOMMITTEDLOCK so the
-    // read locks even where READ_COMMITTED_SNAPSHOT is on; the CTE is updated in place and the
-    // OUTPUT goes INTO a table variable (allowed with triggers present); NEWID() per row.
-    claim: `IF @@TRANCOUNT <> 0 OR (@@OPTIONS & 2) = 2
-  THROW 51001, N'nestjs-sql-queue: claim must run in autocommit mode, outside any transaction', 1;
-${READ_COMMITTED}DECLARE @claimed TABLE (
+    // @limit, @leaseMs, @queue, @workerId. The seed's pattern: autocommit only (the session
+    // guard), the claim hints (CLAIM_HINTS: UPDLOCK takes and keeps the read's locks, READPAST
+    // skips rows other claimers hold, READCOMMITTEDLOCK keeps READPAST legal where
+    // READ_COMMITTED_SNAPSHOT is on); the CTE is updated in place and the OUTPUT goes INTO a
+    // table variable (allowed with triggers present); NEWID() per row.
+    claim: `${MSSQL_STORE_SESSION}DECLARE @claimed TABLE (
   [Id] bigint NOT NULL, [Queue] nvarchar(128) NOT NULL, [Payload] nvarchar(max) NOT NULL, [Priority] int NOT NULL,
   [GroupKey] nvarchar(255) NULL, [IdempotencyKey] nvarchar(255) NULL, [Attempts] int NOT NULL, [MaxAttempts] int NOT NULL,
   [ClaimToken] uniqueidentifier NOT NULL, [CreatedAt] datetime2(3) NOT NULL, [ClaimedAt] datetime2(3) NOT NULL,
   [LeaseUntil] datetime2(3) NOT NULL);
 WITH candidate AS (
   SELECT TOP (@limit) *
-  FROM ${jobs} WITH (UPDLOCK, READPAST, READCOMMITTEDLOCK, ROWLOCK)
+  FROM ${jobs} WITH (${CLAIM_HINTS})
   WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= SYSUTCDATETIME()
   ORDER BY [Priority] DESC, [RunAt], [Id]
 )
@@ -176,14 +230,14 @@ FROM @claimed;`,
 
     // @items HeartbeatList. The lease never runs past ClaimedAt + MaxMs; once that cap has passed
     // the lease cannot be renewed, and the answer is no lease (lost), not 'ok'.
-    heartbeat: `${READ_COMMITTED}DECLARE @extended TABLE ([Id] bigint NOT NULL PRIMARY KEY, [LeaseUntil] datetime2(3) NOT NULL);
+    heartbeat: `${MSSQL_STORE_SESSION}DECLARE @extended TABLE ([Id] bigint NOT NULL PRIMARY KEY, [LeaseUntil] datetime2(3) NOT NULL);
 UPDATE j
 SET [LeaseUntil] = CASE
     WHEN i.[MaxMs] IS NULL OR DATEADD(millisecond, i.[LeaseMs], SYSUTCDATETIME()) < DATEADD(millisecond, i.[MaxMs], j.[ClaimedAt])
       THEN DATEADD(millisecond, i.[LeaseMs], SYSUTCDATETIME())
     ELSE DATEADD(millisecond, i.[MaxMs], j.[ClaimedAt]) END
 OUTPUT inserted.[Id], inserted.[LeaseUntil] INTO @extended ([Id], [LeaseUntil])
-FROM ${jobs} AS j
+FROM ${jobs} AS j WITH (ROWLOCK)
 INNER JOIN @items AS i ON j.[Id] = i.[Id] AND j.[ClaimToken] = i.[Token]
 WHERE j.[State] = 'leased';
 SELECT CAST(i.[Id] AS varchar(20)) AS [Id], CASE WHEN e.[LeaseUntil] > SYSUTCDATETIME() THEN e.[LeaseUntil] END AS [LeaseUntil]
@@ -191,11 +245,11 @@ FROM @items AS i LEFT JOIN @extended AS e ON e.[Id] = i.[Id];`,
 
     // @items OwnedJobList. The token stays on the done row, so a retried completion whose first
     // reply was lost is recognised ('already') instead of reported as lost.
-    complete: `${READ_COMMITTED}DECLARE @completed TABLE ([Id] bigint NOT NULL PRIMARY KEY);
+    complete: `${MSSQL_STORE_SESSION}DECLARE @completed TABLE ([Id] bigint NOT NULL PRIMARY KEY);
 UPDATE j
 SET [State] = 'done', [FinishedAt] = SYSUTCDATETIME(), [LeaseUntil] = NULL
 OUTPUT inserted.[Id] INTO @completed ([Id])
-FROM ${jobs} AS j
+FROM ${jobs} AS j WITH (ROWLOCK)
 INNER JOIN @items AS i ON j.[Id] = i.[Id] AND j.[ClaimToken] = i.[Token]
 WHERE j.[State] = 'leased';
 SELECT CAST(i.[Id] AS varchar(20)) AS [Id],
@@ -205,7 +259,7 @@ SELECT CAST(i.[Id] AS varchar(20)) AS [Id],
 FROM @items AS i LEFT JOIN @completed AS c ON c.[Id] = i.[Id];`,
 
     // @items FailureList. The state change and its attempt row commit together.
-    fail: `${READ_COMMITTED}DECLARE @failed TABLE (
+    fail: `${MSSQL_STORE_SESSION}DECLARE @failed TABLE (
   [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) NOT NULL, [State] varchar(8) NOT NULL, [Attempt] int NOT NULL,
   [ClaimedAt] datetime2(3) NULL, [Token] uniqueidentifier NOT NULL);
 ${atomically(`  UPDATE j
@@ -216,10 +270,10 @@ ${atomically(`  UPDATE j
       [ClaimToken] = NULL, [LeaseUntil] = NULL, [LastError] = i.[Error]
   OUTPUT inserted.[Id], inserted.[Queue], inserted.[State], inserted.[Attempts], inserted.[ClaimedAt], deleted.[ClaimToken]
   INTO @failed ([Id], [Queue], [State], [Attempt], [ClaimedAt], [Token])
-  FROM ${jobs} AS j
+  FROM ${jobs} AS j WITH (ROWLOCK)
   INNER JOIN @items AS i ON j.[Id] = i.[Id] AND j.[ClaimToken] = i.[Token]
   WHERE j.[State] = 'leased';
-  INSERT INTO ${attempts} ([JobId], [Queue], [Attempt], [Outcome], [Error], [Stack], [WorkerId], [ClaimToken], [StartedAt], [FinishedAt])
+  INSERT INTO ${attempts} WITH (ROWLOCK) ([JobId], [Queue], [Attempt], [Outcome], [Error], [Stack], [WorkerId], [ClaimToken], [StartedAt], [FinishedAt])
   SELECT f.[Id], f.[Queue], f.[Attempt], 'failed', i.[Error], i.[Stack], i.[WorkerId], f.[Token], f.[ClaimedAt], SYSUTCDATETIME()
   FROM @failed AS f INNER JOIN @items AS i ON i.[Id] = f.[Id];`)}
 SELECT CAST(i.[Id] AS varchar(20)) AS [Id], f.[State],
@@ -229,12 +283,12 @@ SELECT CAST(i.[Id] AS varchar(20)) AS [Id], f.[State],
 FROM @items AS i LEFT JOIN @failed AS f ON f.[Id] = i.[Id];`,
 
     // @items OwnedJobList: leased but never started; the claim's attempt is given back.
-    release: `${READ_COMMITTED}DECLARE @released TABLE ([Id] bigint NOT NULL PRIMARY KEY);
+    release: `${MSSQL_STORE_SESSION}DECLARE @released TABLE ([Id] bigint NOT NULL PRIMARY KEY);
 UPDATE j
 SET [State] = 'ready', [Attempts] = CASE WHEN j.[Attempts] > 0 THEN j.[Attempts] - 1 ELSE 0 END, [ClaimToken] = NULL,
     [LeaseUntil] = NULL, [ClaimedAt] = NULL, [WorkerId] = NULL
 OUTPUT inserted.[Id] INTO @released ([Id])
-FROM ${jobs} AS j
+FROM ${jobs} AS j WITH (ROWLOCK)
 INNER JOIN @items AS i ON j.[Id] = i.[Id] AND j.[ClaimToken] = i.[Token]
 WHERE j.[State] = 'leased';
 SELECT CAST(i.[Id] AS varchar(20)) AS [Id], CASE WHEN r.[Id] IS NOT NULL THEN 'ok' ELSE 'lost' END AS [Outcome]
@@ -243,12 +297,12 @@ FROM @items AS i LEFT JOIN @released AS r ON r.[Id] = i.[Id];`,
     // @batch. One conditional statement: lock expired leases (skipping rows another reaper
     // holds; the locking read re-checks the predicate), void the token, record the attempt.
     // RunAt is kept: the job keeps its place, and its waiting age keeps counting.
-    reap: `${READ_COMMITTED}DECLARE @reaped TABLE (
+    reap: `${MSSQL_STORE_SESSION}DECLARE @reaped TABLE (
   [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) NOT NULL, [State] varchar(8) NOT NULL, [Attempt] int NOT NULL,
   [Token] uniqueidentifier NULL, [WorkerId] nvarchar(255) NULL, [ClaimedAt] datetime2(3) NULL, [LastError] nvarchar(max) NULL);
 ${atomically(`  WITH expired AS (
     SELECT TOP (@batch) *
-    FROM ${jobs} WITH (UPDLOCK, READPAST, READCOMMITTEDLOCK, ROWLOCK)
+    FROM ${jobs} WITH (${CLAIM_HINTS})
     WHERE [State] = 'leased' AND [LeaseUntil] < SYSUTCDATETIME()
     ORDER BY [LeaseUntil]
   )
@@ -260,12 +314,12 @@ ${atomically(`  WITH expired AS (
   OUTPUT inserted.[Id], inserted.[Queue], inserted.[State], inserted.[Attempts], deleted.[ClaimToken], deleted.[WorkerId],
          deleted.[ClaimedAt], inserted.[LastError]
   INTO @reaped ([Id], [Queue], [State], [Attempt], [Token], [WorkerId], [ClaimedAt], [LastError]);
-  INSERT INTO ${attempts} ([JobId], [Queue], [Attempt], [Outcome], [Error], [Stack], [WorkerId], [ClaimToken], [StartedAt], [FinishedAt])
+  INSERT INTO ${attempts} WITH (ROWLOCK) ([JobId], [Queue], [Attempt], [Outcome], [Error], [Stack], [WorkerId], [ClaimToken], [StartedAt], [FinishedAt])
   SELECT [Id], [Queue], [Attempt], 'lease-expired', [LastError], NULL, [WorkerId], [Token], [ClaimedAt], SYSUTCDATETIME()
   FROM @reaped;`)}
 SELECT CAST([Id] AS varchar(20)) AS [Id], [Queue], [State], [Attempt] FROM @reaped;`,
 
-    hasClaimableWork: `${READ_COMMITTED}SELECT CAST(CASE WHEN EXISTS (
+    hasClaimableWork: `${MSSQL_STORE_SESSION}SELECT CAST(CASE WHEN EXISTS (
   SELECT 1 FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
   WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= SYSUTCDATETIME()
 ) THEN 1 ELSE 0 END AS bit) AS [HasWork];`,
@@ -273,7 +327,7 @@ SELECT CAST([Id] AS varchar(20)) AS [Id], [Queue], [State], [Attempt] FROM @reap
     // Each figure reads one filtered index, so the cost follows live rows, not history.
     // READPAST: a monitoring read must never queue behind a producer's open transaction (as
     // PostgreSQL's MVCC reads never do); rows locked at that instant are simply not counted.
-    stats: `${READ_COMMITTED}DECLARE @now datetime2(3) = SYSUTCDATETIME();
+    stats: `${MSSQL_STORE_SESSION}DECLARE @now datetime2(3) = SYSUTCDATETIME();
 SELECT
   (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= @now) AS [Ready],
   (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] > @now) AS [Delayed],
@@ -284,9 +338,9 @@ SELECT
   (SELECT DATEDIFF_BIG(millisecond, MIN([RunAt]), @now) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
      WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= @now) AS [OldestReadyAgeMs];`,
 
-    getJob: `SELECT ${JOB_COLUMNS} FROM ${jobs} WHERE [Id] = @id;`,
+    getJob: `${MSSQL_STORE_SESSION}SELECT ${JOB_COLUMNS} FROM ${jobs} WHERE [Id] = @id;`,
 
-    getAttempts: `SELECT [Attempt], [Outcome], [Error], [Stack], [WorkerId], [StartedAt], [FinishedAt]
+    getAttempts: `${MSSQL_STORE_SESSION}SELECT [Attempt], [Outcome], [Error], [Stack], [WorkerId], [StartedAt], [FinishedAt]
 FROM ${attempts} WHERE [JobId] = @id
 UNION ALL
 SELECT [Attempts], 'completed', NULL, NULL, [WorkerId], [ClaimedAt], [FinishedAt]
@@ -296,42 +350,69 @@ ORDER BY [FinishedAt], [Attempt];`,
     // @queue, @afterId (null for the first page), @limit
     // ORDER BY names the table's column: the select list's [Id] is text and would sort 10 before 9.
     // ISNULL keeps the predicate a seek on IX_Jobs_Dead for every page (ids start at 1).
-    listDead: `SELECT TOP (@limit) ${JOB_COLUMNS} FROM ${jobs} AS j
+    listDead: `${MSSQL_STORE_SESSION}SELECT TOP (@limit) ${JOB_COLUMNS} FROM ${jobs} AS j
 WHERE j.[Queue] = @queue AND j.[State] = 'dead' AND j.[Id] > ISNULL(@afterId, 0)
 ORDER BY j.[Id];`,
 
     // @queue, @ids IdList
-    retryDead: `${READ_COMMITTED}DECLARE @retried TABLE ([Id] bigint NOT NULL PRIMARY KEY);
+    retryDead: `${MSSQL_STORE_SESSION}DECLARE @retried TABLE ([Id] bigint NOT NULL PRIMARY KEY);
 UPDATE j
 SET [State] = 'ready', [Attempts] = 0, [RunAt] = SYSUTCDATETIME(), [FinishedAt] = NULL, [ClaimToken] = NULL
 OUTPUT inserted.[Id] INTO @retried ([Id])
-FROM ${jobs} AS j INNER JOIN @ids AS i ON i.[Id] = j.[Id]
+FROM ${jobs} AS j WITH (ROWLOCK) INNER JOIN @ids AS i ON i.[Id] = j.[Id]
 WHERE j.[Queue] = @queue AND j.[State] = 'dead';
 SELECT CAST([Id] AS varchar(20)) AS [Id] FROM @retried;`,
 
-    retryAllDead: `${READ_COMMITTED}DECLARE @retried TABLE ([Id] bigint NOT NULL PRIMARY KEY);
-UPDATE ${jobs}
+    // @queue, @afterId bigint (0 first), @batch. One keyset batch in Id order: lock escalation is
+    // off (migration 1), so an unbounded UPDATE would hold key locks on every dead row (PK,
+    // IX_Jobs_Dead, IX_Jobs_Claim) until it ends; the store loops, each batch its own
+    // autocommit statement. The ordered TOP is the UPDATE page's recipe ("use TOP together with
+    // ORDER BY in a subselect", https://learn.microsoft.com/sql/t-sql/queries/update-transact-sql),
+    // a range seek on IX_Jobs_Dead ([Queue], [Id]) that stops after @batch rows; Id order is the
+    // order the other batched writers lock PK rows in. A job retried and dead again during the
+    // loop keeps its Id, below @afterId, so it is not retried twice.
+    retryAllDead: `${MSSQL_STORE_SESSION}DECLARE @retried TABLE ([Id] bigint NOT NULL PRIMARY KEY);
+WITH batch AS (
+  SELECT TOP (@batch) *
+  FROM ${jobs} WITH (ROWLOCK)
+  WHERE [Queue] = @queue AND [State] = 'dead' AND [Id] > @afterId
+  ORDER BY [Id]
+)
+UPDATE batch
 SET [State] = 'ready', [Attempts] = 0, [RunAt] = SYSUTCDATETIME(), [FinishedAt] = NULL, [ClaimToken] = NULL
-OUTPUT inserted.[Id] INTO @retried ([Id])
-WHERE [Queue] = @queue AND [State] = 'dead';
-SELECT CAST([Id] AS varchar(20)) AS [Id] FROM @retried;`,
+OUTPUT inserted.[Id] INTO @retried ([Id]);
+SELECT CAST([Id] AS varchar(20)) AS [Id] FROM @retried ORDER BY [Id];`,
 
     // @queue, @olderThanMs bigint (0 for all), @batch
-    purgeDead: `${READ_COMMITTED}DELETE TOP (@batch) FROM ${jobs}
+    purgeDead: `${MSSQL_STORE_SESSION}DELETE TOP (@batch) FROM ${jobs} WITH (ROWLOCK)
 WHERE [Queue] = @queue AND [State] = 'dead' AND [FinishedAt] <= ${shiftedNow('@olderThanMs', -1)};
 SELECT @@ROWCOUNT AS [Deleted];`,
 
-    // @doneMs, @keyMs, @deadMs (null: keep dead jobs), @batch; all bigint milliseconds
-    cleanup: `${READ_COMMITTED}DECLARE @deleted int = 0;
-DELETE TOP (@batch) FROM ${jobs}
-WHERE [State] = 'done' AND [FinishedAt] < ${shiftedNow('@doneMs', -1)}
-  AND ([IdempotencyKey] IS NULL OR [FinishedAt] < ${shiftedNow('@keyMs', -1)});
+    // @doneMs, @keyMs, @deadMs (null: keep dead jobs), @batch; all bigint milliseconds. At most
+    // @batch rows in all: each DELETE takes what the ones before it left of the budget, so a
+    // short answer means nothing old is left. Each DELETE is its own autocommit statement with
+    // a predicate a FinishedAt-led filtered index can answer as one range: keyless done rows,
+    // keyed done rows (kept until the key window passes too), dead rows.
+    cleanup: `${MSSQL_STORE_SESSION}DECLARE @deleted int = 0;
+DECLARE @now datetime2(3) = SYSUTCDATETIME();
+DECLARE @doneBefore datetime2(3) = ${shiftedNow('@doneMs', -1, '@now')};
+DECLARE @keyBefore datetime2(3) = ${shiftedNow('@keyMs', -1, '@now')};
+DECLARE @keyedDoneBefore datetime2(3) = CASE WHEN @keyBefore < @doneBefore THEN @keyBefore ELSE @doneBefore END;
+DECLARE @deadBefore datetime2(3) = ${shiftedNow('@deadMs', -1, '@now')};
+DELETE TOP (@batch) FROM ${jobs} WITH (ROWLOCK)
+WHERE [State] = 'done' AND [IdempotencyKey] IS NULL AND [FinishedAt] < @doneBefore;
 SET @deleted = @@ROWCOUNT;
-IF @deadMs IS NOT NULL
+IF @deleted < @batch
 BEGIN
-  DELETE TOP (@batch) FROM ${jobs}
-  WHERE [State] = 'dead' AND [FinishedAt] < ${shiftedNow('@deadMs', -1)}
-    AND ([IdempotencyKey] IS NULL OR [FinishedAt] < ${shiftedNow('@keyMs', -1)});
+  DELETE TOP (@batch - @deleted) FROM ${jobs} WITH (ROWLOCK)
+  WHERE [State] = 'done' AND [IdempotencyKey] IS NOT NULL AND [FinishedAt] < @keyedDoneBefore;
+  SET @deleted = @deleted + @@ROWCOUNT;
+END;
+IF @deadMs IS NOT NULL AND @deleted < @batch
+BEGIN
+  DELETE TOP (@batch - @deleted) FROM ${jobs} WITH (ROWLOCK)
+  WHERE [State] = 'dead' AND [FinishedAt] < @deadBefore
+    AND ([IdempotencyKey] IS NULL OR [FinishedAt] < @keyBefore);
   SET @deleted = @deleted + @@ROWCOUNT;
 END;
 SELECT @deleted AS [Deleted];`,
@@ -347,7 +428,7 @@ SELECT @deleted AS [Deleted];`,
     // range seek on it. READPAST, as in stats: a monitoring read never queues behind a
     // producer's open transaction; rows locked at that instant are simply not counted.
     // Failures: a ready job has failed [Attempts] times, a leased one [Attempts] - 1 times.
-    queueHealth: `${READ_COMMITTED}DECLARE @now datetime2(3) = SYSUTCDATETIME();
+    queueHealth: `${MSSQL_STORE_SESSION}DECLARE @now datetime2(3) = SYSUTCDATETIME();
 DECLARE @since datetime2(3) = DATEADD(millisecond, -CAST(@windowMs % 1000 AS int), DATEADD(second, -CAST(@windowMs / 1000 AS int), @now));
 DECLARE @ready TABLE (
   [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY, [Ready] bigint NOT NULL,

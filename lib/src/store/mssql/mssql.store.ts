@@ -38,15 +38,23 @@ import {
   mssqlReadVersion,
   mssqlRecordVersion,
 } from './mssql.migrations.js';
-import { MSSQL_TABLE_TYPES, mssqlQueries, type MssqlQueries } from './mssql.queries.js';
+import { MSSQL_OPEN_TRANSACTION, MSSQL_TABLE_TYPES, mssqlQueries, type MssqlQueries } from './mssql.queries.js';
 
 const LOCK_CONFLICT_RETRIES = 3;
-/** Below SQL Server's lock escalation threshold (5,000 locks per statement). */
-const PURGE_BATCH = 4_000;
+/**
+ * Rows per statement for the loops that touch a whole set (purgeDead, retryDead 'all', and the
+ * cap on one cleanup statement). Lock escalation is off on Jobs and Attempts (migration 1, so a
+ * bulk statement never takes the table lock READPAST cannot skip), so every row a statement
+ * touches keeps its key locks in the clustered index and in each filtered index it leaves or
+ * enters (plus cascaded Attempts rows) until the statement ends: lock memory and the time other
+ * sessions wait grow with the batch. The cap keeps each statement under 5,000 locks per index,
+ * the count at which SQL Server itself would have escalated had escalation been on ("a single
+ * Transact-SQL statement acquires at least 5,000 locks on a single nonpartitioned table or
+ * index", https://learn.microsoft.com/sql/relational-databases/sql-server-transaction-locking-and-row-versioning-guide).
+ */
+const SET_BATCH = 4_000;
 const MIGRATION_LOCK_TIMEOUT_MS = 120_000;
 const IDEMPOTENT_ENQUEUE_ROUNDS = 3;
-/** THROW number raised by the claim when it finds an open transaction. */
-const CLAIM_IN_TRANSACTION = 51001;
 /** Offsets are split into int seconds by the SQL, so this is the largest that fits (~68 years). */
 const MAX_OFFSET_MS = INT_MAX * 1000;
 
@@ -189,24 +197,13 @@ export class MssqlQueueStore implements QueueStore {
   }
 
   async claim(request: ClaimRequest): Promise<ClaimedJob[]> {
-    let rows: Row[];
-    try {
-      rows = await this.run<Row>('claim', (r) =>
-        r
-          .input('queue', sql.NVarChar(128), request.queue)
-          .input('limit', sql.Int, request.limit)
-          .input('leaseMs', sql.Int, Math.min(request.leaseMs, INT_MAX))
-          .input('workerId', sql.NVarChar(255), request.workerId),
-      );
-    } catch (error) {
-      if (errorNumber(error) === CLAIM_IN_TRANSACTION) {
-        throw new SqlQueueTransactionError(
-          'claim refused: the connection has an open transaction (or IMPLICIT_TRANSACTIONS on); the claim must run in autocommit so its locks are released at once',
-          { cause: error },
-        );
-      }
-      throw error;
-    }
+    const rows = await this.run<Row>('claim', (r) =>
+      r
+        .input('queue', sql.NVarChar(128), request.queue)
+        .input('limit', sql.Int, request.limit)
+        .input('leaseMs', sql.Int, Math.min(request.leaseMs, INT_MAX))
+        .input('workerId', sql.NVarChar(255), request.workerId),
+    );
     return rows.map((row) => ({
       id: row.Id as string,
       queue: row.Queue as string,
@@ -352,8 +349,19 @@ export class MssqlQueueStore implements QueueStore {
 
   async retryDead(queue: string, ids: readonly JobId[] | 'all'): Promise<JobId[]> {
     if (ids === 'all') {
-      const rows = await this.run<{ Id: string }>('retryAllDead', (r) => r.input('queue', sql.NVarChar(128), queue));
-      return rows.map((row) => row.Id);
+      // Keyset batches in Id order, each its own autocommit statement (see SET_BATCH).
+      const retried: JobId[] = [];
+      for (let afterId = '0'; ;) {
+        const rows = await this.run<{ Id: string }>('retryAllDead', (r) =>
+          r
+            .input('queue', sql.NVarChar(128), queue)
+            .input('afterId', sql.BigInt, afterId)
+            .input('batch', sql.Int, SET_BATCH),
+        );
+        retried.push(...rows.map((row) => row.Id));
+        if (rows.length < SET_BATCH) return retried;
+        afterId = rows[rows.length - 1]!.Id;
+      }
     }
     if (ids.length === 0) return [];
     const table = new sql.Table(`${this.schema}.${MSSQL_TABLE_TYPES.ids}`);
@@ -372,27 +380,38 @@ export class MssqlQueueStore implements QueueStore {
         r
           .input('queue', sql.NVarChar(128), queue)
           .input('olderThanMs', sql.BigInt, Math.min(options?.olderThanMs ?? 0, MAX_OFFSET_MS))
-          .input('batch', sql.Int, PURGE_BATCH),
+          .input('batch', sql.Int, SET_BATCH),
       );
       const deleted = Number(rows[0]?.Deleted ?? 0);
       total += deleted;
-      if (deleted < PURGE_BATCH) return total;
+      if (deleted < SET_BATCH) return total;
     }
   }
 
+  /**
+   * Up to `batchSize` rows (retention allows up to 100,000), as statements of at most SET_BATCH
+   * rows each, every one its own autocommit transaction; stops at the first short statement.
+   */
   async cleanup(request: CleanupRequest): Promise<number> {
-    const rows = await this.run<{ Deleted: number }>('cleanup', (r) =>
-      r
-        .input('doneMs', sql.BigInt, Math.min(request.doneRetentionMs, MAX_OFFSET_MS))
-        .input('keyMs', sql.BigInt, Math.min(request.idempotencyRetentionMs, MAX_OFFSET_MS))
-        .input(
-          'deadMs',
-          sql.BigInt,
-          request.deadRetentionMs === null ? null : Math.min(request.deadRetentionMs, MAX_OFFSET_MS),
-        )
-        .input('batch', sql.Int, request.batchSize),
-    );
-    return Number(rows[0]?.Deleted ?? 0);
+    let total = 0;
+    while (total < request.batchSize) {
+      const batch = Math.min(SET_BATCH, request.batchSize - total);
+      const rows = await this.run<{ Deleted: number }>('cleanup', (r) =>
+        r
+          .input('doneMs', sql.BigInt, Math.min(request.doneRetentionMs, MAX_OFFSET_MS))
+          .input('keyMs', sql.BigInt, Math.min(request.idempotencyRetentionMs, MAX_OFFSET_MS))
+          .input(
+            'deadMs',
+            sql.BigInt,
+            request.deadRetentionMs === null ? null : Math.min(request.deadRetentionMs, MAX_OFFSET_MS),
+          )
+          .input('batch', sql.Int, batch),
+      );
+      const deleted = Number(rows[0]?.Deleted ?? 0);
+      total += deleted;
+      if (deleted < batch) break;
+    }
+    return total;
   }
 
   async ping(timeoutMs: number): Promise<void> {
@@ -416,6 +435,8 @@ export class MssqlQueueStore implements QueueStore {
    * retried a few times: every statement here either runs in autocommit or in its own
    * transaction, so the server rolled it back whole. In a caller's transaction the error is
    * rethrown: the server rolled back the caller's work, which only the caller can redo.
+   * request.query() is sent as sp_executesql, so the SET options each batch opens with revert
+   * when it ends (see MSSQL_STORE_SESSION).
    */
   private async run<R>(name: keyof MssqlQueries, bind: Bind, transaction: sql.Transaction | null = null): Promise<R[]> {
     const pool = transaction ? null : await this.connected();
@@ -426,6 +447,12 @@ export class MssqlQueueStore implements QueueStore {
         const result = await request.query<R>(this.sql[name]);
         return (result.recordset ?? []) as R[];
       } catch (error) {
+        if (errorNumber(error) === MSSQL_OPEN_TRANSACTION) {
+          throw new SqlQueueTransactionError(
+            `${name} refused: the store's connection has an open transaction (left open on a shared pool?); the store runs ${name} in autocommit so its locks end with the statement`,
+            { cause: error },
+          );
+        }
         if (transaction || attempt >= LOCK_CONFLICT_RETRIES || !isLockConflict(error)) throw error;
         await new Promise((resolve) => setTimeout(resolve, 5 + Math.random() * 20 * attempt));
       }
