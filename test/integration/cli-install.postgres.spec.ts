@@ -1,8 +1,9 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { runCli } from '../../lib/src/cli.js';
 import { createPostgresStore } from '../../lib/src/store/postgres/postgres.connect.js';
-import { PG_LATEST_VERSION } from '../../lib/src/store/postgres/postgres.migrations.js';
+import { PG_LATEST_VERSION, PG_MIGRATIONS, pgBootstrap } from '../../lib/src/store/postgres/postgres.migrations.js';
 import { dropPgSchema, PG_URL, sql, uniqueSchema } from '../helpers/databases.js';
+import { maxAttemptsAfterRecording } from '../helpers/queue-settings.js';
 
 /** What a DBA does: print the script with the CLI, then run it as one text (as psql -f would). */
 async function printScript(...argv: string[]): Promise<string> {
@@ -58,5 +59,61 @@ describe('the printed PostgreSQL script installs a schema the store accepts', ()
     await runScript(upgrade);
     await runScript(upgrade);
     expect(await recordedVersions(schema)).toHaveLength(PG_LATEST_VERSION);
+  });
+});
+
+describe('a schema at version 1 (before queue settings) upgrades, keeping its jobs', () => {
+  const byScript = uniqueSchema('cliv1');
+  const byAuto = uniqueSchema('autov1');
+
+  afterAll(async () => {
+    await dropPgSchema(byScript);
+    await dropPgSchema(byAuto);
+  });
+
+  /** What version 1 of the package installed (migrations are append-only), and one of its jobs. */
+  async function installVersion1(schema: string): Promise<string> {
+    const statements = [
+      ...pgBootstrap(schema),
+      ...PG_MIGRATIONS.find((m) => m.version === 1)!.statements(schema),
+      `INSERT INTO "${schema}".schema_version (version, description) VALUES (1, 'version 1')`,
+    ];
+    await runScript(statements.join(';\n'));
+    const [row] = await sql<{ id: string }>(
+      PG_URL,
+      `INSERT INTO "${schema}".jobs (queue, state, payload, run_at, max_attempts) VALUES ('old.q', 'ready', '{"v":1}', now(), 5) RETURNING id::text AS id`,
+    );
+    return row!.id;
+  }
+
+  async function expectUpgraded(schema: string, oldJob: string): Promise<void> {
+    expect(await recordedVersions(schema)).toEqual(Array.from({ length: PG_LATEST_VERSION }, (_, i) => i + 1));
+    const store = createPostgresStore({ url: PG_URL, poolSize: 1 }, { schema });
+    try {
+      await expect(store.migrate('check')).resolves.toEqual({ current: PG_LATEST_VERSION, latest: PG_LATEST_VERSION });
+      expect(await store.getJob(oldJob)).toMatchObject({ queue: 'old.q', state: 'ready', maxAttempts: 5 });
+      expect(await maxAttemptsAfterRecording(store, 'old.q', 8)).toBe(8);
+    } finally {
+      await store.close();
+    }
+  }
+
+  it("with the script printed by '--from 1' ('check' names it first)", async () => {
+    const oldJob = await installVersion1(byScript);
+    const store = createPostgresStore({ url: PG_URL, poolSize: 1 }, { schema: byScript });
+    await expect(store.migrate('check')).rejects.toThrow(
+      new RegExp(`at version 1, this nestjs-sql-queue needs ${PG_LATEST_VERSION}: .*--from 1`),
+    );
+    await store.close();
+    await runScript(await printScript('sql', '--dialect', 'postgres', '--schema', byScript, '--from', '1'));
+    await expectUpgraded(byScript, oldJob);
+  });
+
+  it("with migrations 'auto'", async () => {
+    const oldJob = await installVersion1(byAuto);
+    const store = createPostgresStore({ url: PG_URL, poolSize: 1 }, { schema: byAuto });
+    await expect(store.migrate('auto')).resolves.toEqual({ current: PG_LATEST_VERSION, latest: PG_LATEST_VERSION });
+    await store.close();
+    await expectUpgraded(byAuto, oldJob);
   });
 });

@@ -258,6 +258,87 @@ export function describeStoreContract(target: StoreTarget): void {
       });
     });
 
+    describe("recorded queue settings: a job's maxAttempts", () => {
+      async function maxAttemptsOf(results: readonly { jobId: string }[]): Promise<number[]> {
+        return Promise.all(results.map(async (r) => (await store.getJob(r.jobId))!.maxAttempts));
+      }
+
+      it("is the job's own, else the queue's recorded setting, else the producer's default, in every enqueue statement", async () => {
+        const queue = newQueue('settings');
+        const other = newQueue('settings-other');
+        // Nothing recorded: the producer's default (3 here).
+        expect(await maxAttemptsOf(await store.enqueue([job(queue, {})]))).toEqual([3]);
+
+        await store.recordQueueSettings([{ queue, maxAttempts: 7 }]);
+        const single = await store.enqueue([job(queue, {})]);
+        const singleOwn = await store.enqueue([job(queue, {}, { maxAttempts: 2 })]);
+        const singleKeyed = await store.enqueue([job(queue, {}, { idempotencyKey: 'settings-1' })]);
+        const uniform = await store.enqueue([job(queue, { n: 1 }), job(queue, { n: 2 })]);
+        const uniformOwn = await store.enqueue([
+          job(queue, {}, { maxAttempts: 5 }),
+          job(queue, {}, { maxAttempts: 5 }),
+        ]);
+        const mixed = await store.enqueue([
+          job(queue, {}, { idempotencyKey: 'settings-2' }),
+          job(queue, {}, { maxAttempts: 4 }),
+          job(queue, {}),
+        ]);
+        expect(await maxAttemptsOf([...single, ...singleOwn, ...singleKeyed])).toEqual([7, 2, 7]);
+        expect(await maxAttemptsOf([...uniform, ...uniformOwn, ...mixed])).toEqual([7, 7, 5, 5, 7, 4, 7]);
+        // Another queue is not affected.
+        expect(await maxAttemptsOf(await store.enqueue([job(other, {})]))).toEqual([3]);
+
+        // Recording again replaces the value; several queues at once.
+        await store.recordQueueSettings([
+          { queue, maxAttempts: 9 },
+          { queue: other, maxAttempts: 4 },
+        ]);
+        expect(await maxAttemptsOf(await store.enqueue([job(queue, {})]))).toEqual([9]);
+        expect(await maxAttemptsOf(await store.enqueue([job(other, {}), job(other, {})]))).toEqual([4, 4]);
+
+        // Inside a caller's transaction too.
+        const tx = await target.beginTransaction();
+        const inTx = [
+          ...(await store.enqueue([job(queue, {})], tx.handle)),
+          ...(await store.enqueue([job(queue, {}), job(queue, {}, { maxAttempts: 1 })], tx.handle)),
+        ];
+        await tx.commit();
+        expect(await maxAttemptsOf(inTx)).toEqual([9, 9, 1]);
+      });
+
+      it('is recorded safely by many processes at once, in any order', async () => {
+        const first = newQueue('settings-race-a');
+        const second = newQueue('settings-race-b');
+        const recorders = await openExtra(8);
+        await Promise.all(
+          recorders.map((recorder, i) => {
+            const settings = [
+              { queue: first, maxAttempts: 10 + i },
+              { queue: second, maxAttempts: 20 + i },
+            ];
+            return recorder.recordQueueSettings(i % 2 === 0 ? settings : settings.reverse());
+          }),
+        );
+        const [a, b] = await maxAttemptsOf([
+          ...(await store.enqueue([job(first, {})])),
+          ...(await store.enqueue([job(second, {})])),
+        ]);
+        expect(a).toBeGreaterThanOrEqual(10);
+        expect(a).toBeLessThanOrEqual(17);
+        expect(b).toBeGreaterThanOrEqual(20);
+        expect(b).toBeLessThanOrEqual(27);
+      });
+
+      it('refuses an invalid setting before any SQL runs', async () => {
+        await expect(store.recordQueueSettings([{ queue: "x'--", maxAttempts: 3 }])).rejects.toThrow(
+          SqlQueueValidationError,
+        );
+        await expect(store.recordQueueSettings([{ queue: newQueue('settings-bad'), maxAttempts: 0 }])).rejects.toThrow(
+          /maxAttempts must be an integer from 1/,
+        );
+      });
+    });
+
     describe('claim', () => {
       it(`${8} claimers on separate connections claim each of ${5000} jobs exactly once`, async () => {
         const queue = newQueue('drain');

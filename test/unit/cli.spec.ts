@@ -60,21 +60,32 @@ describe('nestjs-sql-queue sql', () => {
   });
 
   it('--from the latest version prints no migration but a valid, repeatable script', async () => {
-    expect(PG_LATEST_VERSION).toBe(1);
-    expect(MSSQL_LATEST_VERSION).toBe(1);
-    const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '1');
+    expect(PG_LATEST_VERSION).toBe(2);
+    expect(MSSQL_LATEST_VERSION).toBe(2);
+    const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '2');
     expect(pg.code).toBe(0);
-    expect(pg.stdout).toBe(pgInstallScript('demo', 1));
+    expect(pg.stdout).toBe(pgInstallScript('demo', 2));
     expect(pg.stdout).not.toContain('INSERT INTO');
     expect(pg.stdout).not.toContain('CREATE TABLE "demo".jobs');
     expect(pg.stdout).toContain('BEGIN;');
     expect(pg.stdout).toContain('COMMIT;');
 
-    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '1');
+    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '2');
     expect(mssql.code).toBe(0);
-    expect(mssql.stdout).toBe(mssqlInstallScript('demo', 1));
+    expect(mssql.stdout).toBe(mssqlInstallScript('demo', 2));
     expect(mssql.stdout).not.toContain('INSERT INTO');
     expect(mssql.stdout).not.toContain('[Jobs]');
+  });
+
+  it('--from 1 prints only version 2: the queue settings', async () => {
+    const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '1');
+    expect(pg.stdout).toContain('CREATE TABLE "demo".queue_settings');
+    expect(pg.stdout).not.toContain('CREATE TABLE "demo".jobs');
+    expect(pg.stdout).toContain(`INSERT INTO "demo".schema_version (version, description) VALUES (2, `);
+    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '1');
+    expect(mssql.stdout).toContain('CREATE TABLE [demo].[QueueSettings]');
+    expect(mssql.stdout).toContain('CREATE TYPE [demo].[JobInputListV2]');
+    expect(mssql.stdout).not.toContain('CREATE TABLE [demo].[Jobs]');
   });
 
   it('--help and -h print the usage on stdout and succeed', async () => {

@@ -48,6 +48,16 @@ describe('every T-SQL batch the SQL Server store emits parses as T-SQL', () => {
     expect(broken).not.toBe(claim);
     expect(checkTsqlWithKnownGaps(broken).errors).not.toEqual([]);
   });
+
+  it('the gate rejects the queue-setting upsert written the PostgreSQL way', () => {
+    const upsert = mssqlQueries('sqlqueue').recordQueueSetting;
+    const broken = upsert.replace(
+      /UPDATE [\s\S]*VALUES \(@queue, @maxAttempts\);/,
+      'INSERT INTO [sqlqueue].[QueueSettings] ([Queue], [MaxAttempts]) VALUES (@queue, @maxAttempts) ON CONFLICT ([Queue]) DO UPDATE SET [MaxAttempts] = @maxAttempts;',
+    );
+    expect(broken).not.toBe(upsert);
+    expect(checkTsqlWithKnownGaps(broken).errors).not.toEqual([]);
+  });
 });
 
 /** Store-owned: run on the store's own pooled connections, never in a caller's transaction. */
@@ -191,6 +201,8 @@ function dmlTargets(text: string): DmlTarget[] {
       targets.push({ statement: m[0], how: 'update', hints: hintsAfter(m.index! + m[0].length), bounded: false });
       continue;
     }
+    // Another table of the schema, named directly (QueueSettings): not a write to Jobs or Attempts.
+    if (/^\[sqlqueue\]\.\[\w+\]$/.test(target)) continue;
     const alias = new RegExp(
       String.raw`\bFROM\s+${JOBS_OR_ATTEMPTS}\s+AS\s+${target}(?:\s+WITH\s+\(([^)]*)\))?\s+INNER\s+JOIN\s+(@\w+)`,
     ).exec(text);

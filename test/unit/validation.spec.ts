@@ -21,7 +21,13 @@ describe('enqueue arguments are checked before any SQL runs', () => {
       delayMs: 0,
       groupKey: null,
       idempotencyKey: null,
-      maxAttempts: 7,
+      // Not given: the enqueue statement takes the queue's recorded setting, else the default.
+      maxAttempts: null,
+      defaultMaxAttempts: 7,
+    });
+    expect(prepareJob('emails', {}, { maxAttempts: 2 }, limits)).toMatchObject({
+      maxAttempts: 2,
+      defaultMaxAttempts: 7,
     });
   });
 

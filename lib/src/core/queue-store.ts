@@ -16,6 +16,7 @@ import type {
   OwnedJob,
   QueueHealth,
   QueueHealthRequest,
+  QueueSetting,
   QueueStats,
   ReapedJob,
 } from './types.js';
@@ -48,9 +49,17 @@ export interface QueueStore {
 
   /**
    * Inserts jobs in one round trip, in input order. With `transaction` (a driver transaction
-   * or client of the dialect), the jobs commit or roll back with the caller's work.
+   * or client of the dialect), the jobs commit or roll back with the caller's work. A job's
+   * maxAttempts is its own, else its queue's recorded setting, else its `defaultMaxAttempts`,
+   * resolved inside the insert statement (no extra round trip).
    */
   enqueue(jobs: readonly NewJob[], transaction?: unknown): Promise<EnqueueResult[]>;
+
+  /**
+   * Records (insert or update) the maxAttempts a queue's consumers apply, read by every later
+   * enqueue of the queue that does not give its own. Safe to run from many processes at once.
+   */
+  recordQueueSettings(settings: readonly QueueSetting[]): Promise<void>;
 
   /** Atomically leases up to `limit` due jobs of a queue, each with a fresh claim token. */
   claim(request: ClaimRequest): Promise<ClaimedJob[]>;

@@ -20,7 +20,10 @@ export interface EnqueueOptions {
   priority?: number;
   /** Jobs sharing a group key are meant to run one at a time, in enqueue order. */
   groupKey?: string;
-  /** Attempts before the job is dead; default from the queue's options (25 if none). */
+  /**
+   * Attempts before the job is dead. Default: what the queue's consumers recorded at boot (their
+   * handler's), else this process's options for the queue (25 if none).
+   */
   maxAttempts?: number;
 }
 
@@ -35,6 +38,18 @@ export interface NewJob {
   delayMs: number;
   groupKey: string | null;
   idempotencyKey: string | null;
+  /**
+   * The enqueue call's own `maxAttempts`, or null: then the statement takes the queue's recorded
+   * setting (written by its consumers at boot), else `defaultMaxAttempts`.
+   */
+  maxAttempts: number | null;
+  /** This process's own value for the queue (its `queues` entry or handler, else 25). */
+  defaultMaxAttempts: number;
+}
+
+/** What a queue's consumers apply, recorded so producers elsewhere store the same with each job. */
+export interface QueueSetting {
+  queue: string;
   maxAttempts: number;
 }
 

@@ -1,5 +1,5 @@
 import { SqlQueueConfigError, SqlQueueValidationError } from './errors.js';
-import type { EnqueueOptions, NewJob } from './types.js';
+import type { EnqueueOptions, NewJob, QueueSetting } from './types.js';
 
 const QUEUE_NAME = /^[A-Za-z0-9._-]{1,128}$/;
 // Lowest common denominator of PostgreSQL (63 bytes) and SQL Server identifiers, ASCII only,
@@ -132,6 +132,7 @@ export const ENQUEUE_OPTION_KEYS = Object.keys(ENQUEUE_OPTIONS) as readonly (key
 
 export interface JobValidationLimits {
   maxPayloadBytes: number;
+  /** Stored when neither the call nor the queue's recorded setting says (see NewJob.maxAttempts). */
   defaultMaxAttempts: number;
 }
 
@@ -169,9 +170,11 @@ export function prepareJob(
     opts.priority === undefined
       ? 0
       : assertInteger(`enqueue to '${queue}'${at}: priority`, opts.priority, -32768, 32767, SqlQueueValidationError);
+  // Left null when not given: the queue's recorded setting must be able to win over this
+  // process's default, which only the enqueue statement can read.
   const maxAttempts =
     opts.maxAttempts === undefined
-      ? limits.defaultMaxAttempts
+      ? null
       : assertInteger(
           `enqueue to '${queue}'${at}: maxAttempts`,
           opts.maxAttempts,
@@ -188,7 +191,30 @@ export function prepareJob(
     groupKey: optionalKey('groupKey', opts.groupKey, queue, at),
     idempotencyKey: optionalKey('idempotencyKey', opts.idempotencyKey, queue, at),
     maxAttempts,
+    defaultMaxAttempts: limits.defaultMaxAttempts,
   };
+}
+
+/**
+ * Queue settings checked and made one per queue (the last given wins), in queue order, so
+ * processes recording at the same time lock the same rows in the same order.
+ */
+export function settingsByQueue(settings: readonly QueueSetting[]): QueueSetting[] {
+  const byQueue = new Map<string, number>();
+  for (const setting of settings) {
+    const queue = assertQueueName(setting.queue);
+    byQueue.set(
+      queue,
+      assertInteger(
+        `queue '${queue}' maxAttempts`,
+        setting.maxAttempts,
+        1,
+        MAX_ATTEMPTS_LIMIT,
+        SqlQueueValidationError,
+      ),
+    );
+  }
+  return [...byQueue.keys()].sort().map((queue) => ({ queue, maxAttempts: byQueue.get(queue)! }));
 }
 
 /**

@@ -8,6 +8,7 @@ import {
 } from '@nestjs/common';
 import { systemClock } from '../core/clock.js';
 import { SqlQueueConsumer, type ConsumerSnapshot } from '../core/consumer.js';
+import type { ResolvedQueueOptions } from '../core/options.js';
 import { declaredHandlers } from './queue-handler.decorator.js';
 import { QueueHandlerExplorer, resolveHandlerOptions } from './queue-handler.explorer.js';
 import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
@@ -31,14 +32,17 @@ export class SqlQueueConsumerHost implements OnModuleInit, OnApplicationBootstra
 
   async onModuleInit(): Promise<void> {
     try {
-      this.consumer = this.prepareConsumer();
+      const { consumer, queues } = this.prepareConsumer();
+      this.consumer = consumer;
+      // Recorded before connecting already, except handlers that only a factory provider yields.
+      await this.runtime.recordQueueSettings(queues);
     } catch (error) {
       await this.runtime.failBoot(error);
     }
   }
 
   /** The second-instance, option and ScheduleModule checks ran before connecting (checkBeforeConnecting). */
-  private prepareConsumer(): SqlQueueConsumer {
+  private prepareConsumer(): { consumer: SqlQueueConsumer; queues: ResolvedQueueOptions[] } {
     const { options } = this.runtime;
     const handlers = this.explorer.discover();
     const consumer = new SqlQueueConsumer({
@@ -49,16 +53,17 @@ export class SqlQueueConsumerHost implements OnModuleInit, OnApplicationBootstra
       wakeBus: this.runtime.wakeBus,
       workerId: this.runtime.workerId,
     });
-    for (const handler of handlers) {
+    const queues = handlers.map((handler) => {
       const resolved = resolveHandlerOptions(handler, options);
       this.runtime.handlerOptions.set(handler.queue, handler.options);
       consumer.register(resolved, (payload, context) => handler.instance.handle(payload, context));
-    }
+      return resolved;
+    });
     if (options.consumer.enabled) this.warnUnconsumed(handlers.map((handler) => handler.queue));
     else if (handlers.length > 0) {
       this.logger.log(`consumer disabled: ${handlers.length} handler(s) discovered but not started`);
     }
-    return consumer;
+    return { consumer, queues };
   }
 
   /**

@@ -22,6 +22,11 @@ export interface DiscoveredHandler extends DeclaredHandler {
   instance: QueueJobHandler;
 }
 
+/** A handler with the options it runs with. */
+export interface ResolvedHandler extends DeclaredHandler {
+  resolved: ResolvedQueueOptions;
+}
+
 /**
  * Finds `@QueueHandler` providers and checks them; it owns no runtime objects. Every problem
  * fails the boot with the class name and what to change.

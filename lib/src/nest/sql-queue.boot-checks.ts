@@ -1,7 +1,6 @@
 import type { SchedulerRegistry } from '@nestjs/schedule';
 import { SqlQueueConfigError } from '../core/errors.js';
-import type { QueueOptions } from '../core/options.js';
-import { resolveHandlerOptions, type QueueHandlerExplorer } from './queue-handler.explorer.js';
+import { resolveHandlerOptions, type QueueHandlerExplorer, type ResolvedHandler } from './queue-handler.explorer.js';
 import type { ResolvedModuleOptions } from './sql-queue.options.js';
 import { SQL_QUEUE_MODULE_OPTIONS } from './sql-queue.module-definition.js';
 import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
@@ -12,8 +11,8 @@ export const BARE_IMPORT =
 /**
  * Every boot check that needs no database, run in the runtime's factory before the pool
  * connects: with the database down, a bad handler or a missing ScheduleModule is still
- * reported as itself, not hidden behind a connection error. Returns the declared handlers'
- * options by queue, so the producer knows them from the first enqueue.
+ * reported as itself, not hidden behind a connection error. Returns the declared handlers with
+ * their effective options, so the runtime knows them from the first enqueue.
  *
  * What needs the built handler (its handle() method, request-scoped dependencies) or a factory
  * provider's result is checked at module init (SqlQueueConsumerHost).
@@ -22,7 +21,7 @@ export function checkBeforeConnecting(
   options: ResolvedModuleOptions,
   explorer: QueueHandlerExplorer,
   scheduler: SchedulerRegistry | undefined,
-): Map<string, QueueOptions> {
+): ResolvedHandler[] {
   const runtimes = explorer.countRuntimes(SQL_QUEUE_RUNTIME, SQL_QUEUE_MODULE_OPTIONS);
   // Said first, from every instance: next to a forRoot() in the application module, a bare
   // import of the class is the mistake, not a second forRoot().
@@ -32,12 +31,13 @@ export function checkBeforeConnecting(
       'SqlQueueModule.forRoot() is imported more than once in this application: import it once, in the application module (it is global, so other modules need not import it). Handlers are discovered application-wide, so each instance would run every handler; several queue databases in one application are not supported yet',
     );
   }
-  const handlers = explorer.findDeclared();
-  for (const handler of handlers) resolveHandlerOptions(handler, options);
+  const handlers = explorer
+    .findDeclared()
+    .map((handler) => ({ ...handler, resolved: resolveHandlerOptions(handler, options) }));
   if ((options.reaper.enabled || options.retention.enabled) && !scheduler) {
     throw new SqlQueueConfigError(
       'SqlQueueModule schedules its lease reaper with @nestjs/schedule: import ScheduleModule.forRoot() in your application module, or set reaper.enabled and retention.enabled to false',
     );
   }
-  return new Map(handlers.map((handler) => [handler.queue, handler.options]));
+  return handlers;
 }

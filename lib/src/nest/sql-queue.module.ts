@@ -40,8 +40,8 @@ import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
       ) => {
         if (raw === undefined) throw new SqlQueueConfigError(BARE_IMPORT);
         const options = resolveModuleOptions(raw);
-        const handlerOptions = checkBeforeConnecting(options, explorer, scheduler);
-        return createSqlQueueRuntime(options, handlerOptions);
+        const handlers = checkBeforeConnecting(options, explorer, scheduler);
+        return createSqlQueueRuntime(options, handlers);
       },
     },
     QueueProducer,

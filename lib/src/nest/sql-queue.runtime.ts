@@ -9,6 +9,8 @@ import { DEFAULT_MAX_ATTEMPTS } from '../core/validation.js';
 import { RemoteWaker, WakeBus } from '../core/wake.js';
 import { createQueueStore } from '../store/create-store.js';
 import type { ResolvedModuleOptions } from './sql-queue.options.js';
+import type { ResolvedHandler } from './queue-handler.explorer.js';
+import type { QueueSetting } from '../core/types.js';
 
 const STORE_CLOSE_TIMEOUT_MS = 5_000;
 
@@ -26,6 +28,8 @@ export class SqlQueueRuntime {
   readonly remoteWaker: RemoteWaker | null;
   readonly producer: QueueProducerCore;
   readonly workerId: string;
+  /** Queue settings this process recorded (consumers only). */
+  private readonly recorded = new Map<string, number>();
   private closed = false;
 
   constructor(
@@ -54,8 +58,21 @@ export class SqlQueueRuntime {
   }
 
   /**
-   * Same precedence as the consumer: handler over module over default. A producer-only process
-   * cannot see handler options, so a value all processes must agree on belongs in `queues`.
+   * Records the maxAttempts this process's consumers apply, so that every enqueue of the queue
+   * without its own value stores it, in a producer-only process too. Consumers only: what a
+   * producer-only process knows of a queue may be older or partial. Repeats nothing recorded.
+   */
+  async recordQueueSettings(queues: readonly QueueSetting[]): Promise<void> {
+    if (!this.options.consumer.enabled) return;
+    const changed = queues.filter((queue) => this.recorded.get(queue.queue) !== queue.maxAttempts);
+    if (changed.length === 0) return;
+    await this.store.recordQueueSettings(changed.map(({ queue, maxAttempts }) => ({ queue, maxAttempts })));
+    for (const { queue, maxAttempts } of changed) this.recorded.set(queue, maxAttempts);
+  }
+
+  /**
+   * This process's own value, for a queue whose consumers recorded none (the enqueue statement
+   * prefers theirs): handler over module over default, as the consumer resolves it.
    */
   private maxAttemptsFor(queue: string): number {
     return (
@@ -86,10 +103,13 @@ export class SqlQueueRuntime {
   }
 }
 
-/** Connects and migrates; the options are resolved and every check without a database passed. */
+/**
+ * Connects, migrates and records the declared handlers' queue settings; the options are
+ * resolved and every check without a database passed.
+ */
 export async function createSqlQueueRuntime(
   options: ResolvedModuleOptions,
-  handlerOptions: ReadonlyMap<string, QueueOptions>,
+  handlers: readonly ResolvedHandler[],
 ): Promise<SqlQueueRuntime> {
   const logger = new Logger('SqlQueue');
   const store = await createQueueStore(options.connection, {
@@ -108,6 +128,10 @@ export async function createSqlQueueRuntime(
     throw error;
   }
   const runtime = new SqlQueueRuntime(options, store, logger);
-  for (const [queue, queueOptions] of handlerOptions) runtime.handlerOptions.set(queue, queueOptions);
+  for (const handler of handlers) runtime.handlerOptions.set(handler.queue, handler.options);
+  // Before any provider's init can enqueue: a new handler maxAttempts applies from the first job.
+  await runtime
+    .recordQueueSettings(handlers.map((handler) => handler.resolved))
+    .catch((error: unknown) => runtime.failBoot(error));
   return runtime;
 }

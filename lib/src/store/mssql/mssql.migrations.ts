@@ -130,6 +130,39 @@ export const MSSQL_MIGRATIONS: readonly MssqlMigration[] = [
       ];
     },
   },
+  {
+    version: 2,
+    description: 'queue settings recorded by consumers',
+    batches: (schema) => {
+      const s = quoteMssqlIdentifier(schema);
+      return [
+        // The maxAttempts a queue's consumers apply (their handler's), written at their boot and
+        // read by every enqueue that does not give its own, so a producer-only process stores it too.
+        `CREATE TABLE ${s}.[QueueSettings] (
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [MaxAttempts] int NOT NULL,
+  [UpdatedAt] datetime2(3) NOT NULL CONSTRAINT [DF_QueueSettings_UpdatedAt] DEFAULT (SYSUTCDATETIME()),
+  CONSTRAINT [PK_QueueSettings] PRIMARY KEY CLUSTERED ([Queue]),
+  CONSTRAINT [CK_QueueSettings_MaxAttempts] CHECK ([MaxAttempts] >= 1)
+);`,
+        // JobInputList with [MaxAttempts] nullable (null: the queue's setting) and the producer's
+        // own default beside it. A table type cannot be altered, and JobInputList stays for
+        // instances of the previous version still running during a rolling upgrade.
+        `CREATE TYPE ${s}.[JobInputListV2] AS TABLE (
+  [Ord] int NOT NULL PRIMARY KEY,
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [Payload] nvarchar(max) NOT NULL,
+  [Priority] int NOT NULL,
+  [RunAt] datetime2(3) NULL,
+  [DelayMs] bigint NOT NULL,
+  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL,
+  [IdempotencyKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL,
+  [MaxAttempts] int NULL,
+  [DefaultMaxAttempts] int NOT NULL
+);`,
+      ];
+    },
+  },
 ];
 
 export const MSSQL_LATEST_VERSION = MSSQL_MIGRATIONS[MSSQL_MIGRATIONS.length - 1]!.version;

@@ -13,6 +13,7 @@ import { quoteMssqlIdentifier } from './mssql.identifiers.js';
 export interface MssqlQueries {
   enqueueOne: string;
   enqueueMany: string;
+  recordQueueSetting: string;
   claim: string;
   heartbeat: string;
   complete: string;
@@ -36,7 +37,7 @@ export interface MssqlQueries {
 
 /** Table types; the store names them when it binds table-valued parameters. */
 export const MSSQL_TABLE_TYPES = {
-  jobInput: 'JobInputList',
+  jobInput: 'JobInputListV2',
   owned: 'OwnedJobList',
   heartbeat: 'HeartbeatList',
   failure: 'FailureList',
@@ -148,22 +149,27 @@ export function mssqlQueries(schema: string): MssqlQueries {
   const jobs = `${s}.[Jobs]`;
   const attempts = `${s}.[Attempts]`;
   const sequence = `${s}.[JobIdSequence]`;
+  const settings = `${s}.[QueueSettings]`;
 
   return {
     // @queue, @payload, @priority, @runAt (null: now + @delayMs), @delayMs bigint, @groupKey,
-    // @idempotencyKey, @maxAttempts. With a key, UPDLOCK + HOLDLOCK lock the key's range in the
+    // @idempotencyKey, @maxAttempts (null: the queue's recorded setting), @defaultMaxAttempts.
+    // With a key, UPDLOCK + HOLDLOCK lock the key's range in the
     // unique index, so concurrent producers of one key serialize instead of failing on a
     // duplicate-key error (which would doom a caller's transaction under XACT_ABORT).
+    // The setting is read into a variable first: COALESCE((subquery), …) runs the subquery twice.
     enqueueOne: `DECLARE @inserted TABLE ([Id] bigint NOT NULL);
 ${reserveIds('1', sequence)}
+DECLARE @recordedMaxAttempts int = (SELECT [MaxAttempts] FROM ${settings} WHERE [Queue] = @queue);
+DECLARE @jobMaxAttempts int = COALESCE(@maxAttempts, @recordedMaxAttempts, @defaultMaxAttempts);
 IF @idempotencyKey IS NULL
   INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
   OUTPUT inserted.[Id] INTO @inserted ([Id])
-  VALUES (@firstId, @queue, 'ready', @payload, @priority, COALESCE(@runAt, ${shiftedNow('@delayMs', 1)}), @groupKey, NULL, @maxAttempts);
+  VALUES (@firstId, @queue, 'ready', @payload, @priority, COALESCE(@runAt, ${shiftedNow('@delayMs', 1)}), @groupKey, NULL, @jobMaxAttempts);
 ELSE
   INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
   OUTPUT inserted.[Id] INTO @inserted ([Id])
-  SELECT @firstId, @queue, 'ready', @payload, @priority, COALESCE(@runAt, ${shiftedNow('@delayMs', 1)}), @groupKey, @idempotencyKey, @maxAttempts
+  SELECT @firstId, @queue, 'ready', @payload, @priority, COALESCE(@runAt, ${shiftedNow('@delayMs', 1)}), @groupKey, @idempotencyKey, @jobMaxAttempts
   WHERE NOT EXISTS (
     SELECT 1 FROM ${jobs} WITH (UPDLOCK, HOLDLOCK, FORCESEEK)
     WHERE [Queue] = @queue AND [IdempotencyKey] = @idempotencyKey AND [IdempotencyKey] IS NOT NULL);
@@ -176,9 +182,10 @@ ELSE
     // ROWLOCK on both enqueue statements: READPAST skips locked rows but not locked pages, so
     // a large insert in a caller's long transaction must not take page locks that claims and
     // monitoring reads would then wait on (lock escalation is already off for the table).
-    // @jobs JobInputList with Ord = 0..n-1. A range of ids is reserved first, so every input row
+    // @jobs JobInputListV2 with Ord = 0..n-1. A range of ids is reserved first, so every input row
     // knows its id (first + Ord) whether or not it is inserted, and results come back in input
     // order. The first row of a key within the batch is the one inserted; later ones get its id.
+    // A row without its own MaxAttempts takes its queue's recorded setting, else its default.
     enqueueMany: `DECLARE @inserted TABLE ([Id] bigint NOT NULL PRIMARY KEY);
 DECLARE @count bigint = (SELECT COUNT_BIG(*) FROM @jobs);
 ${reserveIds('@count', sequence)}
@@ -186,8 +193,9 @@ INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority
 OUTPUT inserted.[Id] INTO @inserted ([Id])
 SELECT @firstId + i.[Ord], i.[Queue], 'ready', i.[Payload], i.[Priority],
        COALESCE(i.[RunAt], DATEADD(millisecond, CAST(i.[DelayMs] % 1000 AS int), DATEADD(second, CAST(i.[DelayMs] / 1000 AS int), SYSUTCDATETIME()))),
-       i.[GroupKey], i.[IdempotencyKey], i.[MaxAttempts]
+       i.[GroupKey], i.[IdempotencyKey], COALESCE(i.[MaxAttempts], q.[MaxAttempts], i.[DefaultMaxAttempts])
 FROM @jobs AS i
+LEFT JOIN ${settings} AS q ON q.[Queue] = i.[Queue]
 WHERE i.[IdempotencyKey] IS NULL
    OR (NOT EXISTS (SELECT 1 FROM @jobs AS d
                    WHERE d.[Queue] = i.[Queue] AND d.[IdempotencyKey] = i.[IdempotencyKey] AND d.[Ord] < i.[Ord])
@@ -200,6 +208,16 @@ LEFT JOIN @inserted AS n ON n.[Id] = @firstId + i.[Ord]
 OUTER APPLY (SELECT TOP (1) j.[Id] FROM ${jobs} AS j
              WHERE n.[Id] IS NULL AND j.[Queue] = i.[Queue] AND j.[IdempotencyKey] = i.[IdempotencyKey]) AS e
 ORDER BY i.[Ord];`,
+
+    // @queue, @maxAttempts: insert or update one queue's setting. The UPDATE's UPDLOCK + HOLDLOCK
+    // hold the key (or, when it is missing, its range) until commit, so two processes recording
+    // the same new queue at once serialize: the second updates the row the first inserted
+    // instead of failing on the primary key.
+    recordQueueSetting: `${MSSQL_STORE_SESSION}${atomically(`  UPDATE ${settings} WITH (UPDLOCK, HOLDLOCK)
+  SET [MaxAttempts] = @maxAttempts, [UpdatedAt] = SYSUTCDATETIME()
+  WHERE [Queue] = @queue;
+  IF @@ROWCOUNT = 0
+    INSERT INTO ${settings} ([Queue], [MaxAttempts]) VALUES (@queue, @maxAttempts);`)}`,
 
     // @limit, @leaseMs, @queue, @workerId. The seed's pattern: autocommit only (the session
     // guard), the claim hints (CLAIM_HINTS: UPDLOCK takes and keeps the read's locks, READPAST

@@ -22,10 +22,11 @@ import type {
   OwnershipOutcome,
   QueueHealth,
   QueueHealthRequest,
+  QueueSetting,
   QueueStats,
   ReapedJob,
 } from '../../core/types.js';
-import { assertSchemaName, INT_MAX } from '../../core/validation.js';
+import { assertSchemaName, INT_MAX, settingsByQueue } from '../../core/validation.js';
 import { withTimeout } from '../../core/timeout.js';
 import { isLockConflict, isTransientMssqlError } from './mssql.errors.js';
 import { assertMssqlSchemaName } from './mssql.identifiers.js';
@@ -171,7 +172,8 @@ export class MssqlQueueStore implements QueueStore {
     table.columns.add('DelayMs', sql.BigInt, { nullable: false });
     table.columns.add('GroupKey', sql.NVarChar(255), { nullable: true });
     table.columns.add('IdempotencyKey', sql.NVarChar(255), { nullable: true });
-    table.columns.add('MaxAttempts', sql.Int, { nullable: false });
+    table.columns.add('MaxAttempts', sql.Int, { nullable: true });
+    table.columns.add('DefaultMaxAttempts', sql.Int, { nullable: false });
     jobs.forEach((job, ord) =>
       table.rows.add(
         ord,
@@ -183,9 +185,19 @@ export class MssqlQueueStore implements QueueStore {
         job.groupKey,
         job.idempotencyKey,
         job.maxAttempts,
+        job.defaultMaxAttempts,
       ),
     );
     return table;
+  }
+
+  /** One autocommit upsert per queue, in queue order; boot-time only, so a few round trips. */
+  async recordQueueSettings(settings: readonly QueueSetting[]): Promise<void> {
+    for (const setting of settingsByQueue(settings)) {
+      await this.run('recordQueueSetting', (request) =>
+        request.input('queue', sql.NVarChar(128), setting.queue).input('maxAttempts', sql.Int, setting.maxAttempts),
+      );
+    }
   }
 
   private ownedTable(items: readonly OwnedJob[]): sql.Table {
@@ -485,7 +497,8 @@ function bindOne(job: NewJob): Bind {
       .input('delayMs', sql.BigInt, job.delayMs)
       .input('groupKey', sql.NVarChar(255), job.groupKey)
       .input('idempotencyKey', sql.NVarChar(255), job.idempotencyKey)
-      .input('maxAttempts', sql.Int, job.maxAttempts);
+      .input('maxAttempts', sql.Int, job.maxAttempts)
+      .input('defaultMaxAttempts', sql.Int, job.defaultMaxAttempts);
 }
 
 /** The caller's transaction: an mssql Transaction on which begin() was awaited. */

@@ -72,6 +72,21 @@ export const PG_MIGRATIONS: readonly PgMigration[] = [
       ];
     },
   },
+  {
+    version: 2,
+    description: 'queue settings recorded by consumers',
+    // The maxAttempts a queue's consumers apply (their handler's), written at their boot and
+    // read by every enqueue that does not give its own, so a producer-only process stores it too.
+    statements: (schema) => [
+      `CREATE TABLE ${quotePgIdentifier(schema)}.queue_settings (
+  queue varchar(128) NOT NULL,
+  max_attempts integer NOT NULL,
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  CONSTRAINT queue_settings_pk PRIMARY KEY (queue),
+  CONSTRAINT queue_settings_max_attempts_ck CHECK (max_attempts >= 1)
+)`,
+    ],
+  },
 ];
 
 export const PG_LATEST_VERSION = PG_MIGRATIONS[PG_MIGRATIONS.length - 1]!.version;

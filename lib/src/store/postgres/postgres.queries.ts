@@ -16,6 +16,7 @@ export interface PgQueries {
   enqueueOne: string;
   enqueueMany: string;
   enqueueManyUniform: string;
+  recordQueueSettings: string;
   findByIdempotencyKeys: string;
   claim: string;
   heartbeat: string;
@@ -47,27 +48,35 @@ export function pgQueries(schema: string): PgQueries {
   const jobs = `${quotePgIdentifier(schema)}.jobs`;
   const attempts = `${quotePgIdentifier(schema)}.attempts`;
   const jobIdSeq = `${quotePgIdentifier(schema)}.jobs_id_seq`;
+  const settings = `${quotePgIdentifier(schema)}.queue_settings`;
+  // A job's attempts: its own, else what the queue's consumers recorded, else the producer's
+  // default. The subquery names no input column, so it runs once per statement (an InitPlan).
+  // $1 is cast as the column it is inserted into, or its type is deduced twice, differently.
+  const maxAttempts = (own: string, fallback: string) =>
+    `COALESCE(${own}, (SELECT s.max_attempts FROM ${settings} s WHERE s.queue = $1::varchar), ${fallback})`;
 
   return {
-    // $1 queue, $2 payload, $3 priority, $4 run_at, $5 delay_ms, $6 group_key, $7 idempotency_key, $8 max_attempts
+    // $1 queue, $2 payload, $3 priority, $4 run_at, $5 delay_ms, $6 group_key, $7 idempotency_key,
+    // $8 max_attempts (null: the queue's setting), $9 default max_attempts
     enqueueOne: `INSERT INTO ${jobs} (queue, state, payload, priority, run_at, group_key, idempotency_key, max_attempts, created_at)
-VALUES ($1, 'ready', $2::jsonb, $3, COALESCE($4::timestamptz, statement_timestamp() + $5::float8 * interval '1 millisecond'), $6, $7, $8,
-        statement_timestamp())
+VALUES ($1, 'ready', $2::jsonb, $3, COALESCE($4::timestamptz, statement_timestamp() + $5::float8 * interval '1 millisecond'), $6, $7,
+        ${maxAttempts('$8::int', '$9::int')}, statement_timestamp())
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id::text AS id`,
 
     // $1 queue, then one array per column ($2 payload jsonb[], $3 priority, $4 run_at, $5 delay_ms,
-    // $6 group_key, $7 idempotency_key, $8 max_attempts). Typed arrays parse faster than one
+    // $6 group_key, $7 idempotency_key, $8 max_attempts (null elements: the queue's setting),
+    // $9 default max_attempts). Typed arrays parse faster than one
     // JSON document. Ids are drawn before the insert so each input row keeps its id whether or
     // not it was inserted: results come back in input order without trusting RETURNING's order.
     enqueueMany: `WITH input AS MATERIALIZED (
   SELECT i.*, nextval('${jobIdSeq}') AS id
-  FROM unnest($2::jsonb[], $3::int[], $4::timestamptz[], $5::float8[], $6::text[], $7::text[], $8::int[])
-       WITH ORDINALITY AS i(payload, priority, run_at, delay_ms, group_key, idempotency_key, max_attempts, ord)
+  FROM unnest($2::jsonb[], $3::int[], $4::timestamptz[], $5::float8[], $6::text[], $7::text[], $8::int[], $9::int[])
+       WITH ORDINALITY AS i(payload, priority, run_at, delay_ms, group_key, idempotency_key, max_attempts, default_max_attempts, ord)
 ), inserted AS (
   INSERT INTO ${jobs} (id, queue, state, payload, priority, run_at, group_key, idempotency_key, max_attempts, created_at)
   SELECT id, $1, 'ready', payload, priority, COALESCE(run_at, statement_timestamp() + delay_ms * interval '1 millisecond'),
-         group_key, idempotency_key, max_attempts, statement_timestamp()
+         group_key, idempotency_key, ${maxAttempts('max_attempts', 'default_max_attempts')}, statement_timestamp()
   FROM input ORDER BY idempotency_key, ord
   ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
   RETURNING id
@@ -79,18 +88,26 @@ ORDER BY input.ord`,
     // The common bulk case: no idempotency keys and the same options for every job, so only
     // the payloads travel, as one JSON array ($2: json, split before each payload becomes jsonb,
     // so the batch is not bound by jsonb's 256 MB per value); the rest are scalars ($3 priority, $4 run_at,
-    // $5 delay_ms, $6 group_key, $7 max_attempts). Every row is inserted (no conflict target),
-    // so the ids drawn in input order are the answer.
+    // $5 delay_ms, $6 group_key, $7 max_attempts or null, $8 default max_attempts). Every row is
+    // inserted (no conflict target), so the ids drawn in input order are the answer.
     enqueueManyUniform: `WITH input AS MATERIALIZED (
   SELECT p::jsonb AS payload, ord, nextval('${jobIdSeq}') AS id
   FROM json_array_elements($2::json) WITH ORDINALITY AS t(p, ord)
 ), inserted AS (
   INSERT INTO ${jobs} (id, queue, state, payload, priority, run_at, group_key, max_attempts, created_at)
   SELECT id, $1, 'ready', payload, $3, COALESCE($4::timestamptz, statement_timestamp() + $5::float8 * interval '1 millisecond'),
-         $6, $7, statement_timestamp()
+         $6, ${maxAttempts('$7::int', '$8::int')}, statement_timestamp()
   FROM input
 )
 SELECT id::text AS id FROM input ORDER BY ord`,
+
+    // $1 jsonb [{queue, max_attempts}], one entry per queue, in queue order (concurrent boots
+    // lock the same rows in the same order). Insert, or update what an earlier boot recorded.
+    recordQueueSettings: `INSERT INTO ${settings} AS s (queue, max_attempts, updated_at)
+SELECT i.queue, i.max_attempts, now()
+FROM jsonb_to_recordset($1::jsonb) AS i(queue text, max_attempts int)
+ORDER BY i.queue
+ON CONFLICT (queue) DO UPDATE SET max_attempts = EXCLUDED.max_attempts, updated_at = EXCLUDED.updated_at`,
 
     // $1 jsonb [{queue, key}]
     findByIdempotencyKeys: `SELECT j.queue, j.idempotency_key, j.id::text AS id

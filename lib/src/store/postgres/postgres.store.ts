@@ -22,10 +22,11 @@ import type {
   OwnershipOutcome,
   QueueHealth,
   QueueHealthRequest,
+  QueueSetting,
   QueueStats,
   ReapedJob,
 } from '../../core/types.js';
-import { assertSchemaName } from '../../core/validation.js';
+import { assertSchemaName, settingsByQueue } from '../../core/validation.js';
 import { withTimeout } from '../../core/timeout.js';
 import { asCallerTransaction, type PgDriver, type PgQueryable } from './postgres.driver.js';
 import { isTransientPgError } from './postgres.errors.js';
@@ -144,6 +145,7 @@ export class PostgresQueueStore implements QueueStore {
         job.groupKey,
         job.idempotencyKey,
         job.maxAttempts,
+        job.defaultMaxAttempts,
       ]);
       if (rows[0]) return { jobId: rows[0].id, created: true };
       const results: (EnqueueResult | undefined)[] = [undefined];
@@ -151,6 +153,14 @@ export class PostgresQueueStore implements QueueStore {
       if (results[0]) return results[0];
     }
     throw new Error('idempotent enqueue did not settle: the key kept being deleted');
+  }
+
+  async recordQueueSettings(settings: readonly QueueSetting[]): Promise<void> {
+    const rows = settingsByQueue(settings).map((setting) => ({
+      queue: setting.queue,
+      max_attempts: setting.maxAttempts,
+    }));
+    if (rows.length > 0) await this.run(null, 'recordQueueSettings', [JSON.stringify(rows)]);
   }
 
   /**
@@ -399,7 +409,8 @@ function uniformParams(jobs: readonly NewJob[]): unknown[] | null {
       (job.runAt?.getTime() ?? null) !== runAt ||
       job.delayMs !== first.delayMs ||
       job.groupKey !== first.groupKey ||
-      job.maxAttempts !== first.maxAttempts
+      job.maxAttempts !== first.maxAttempts ||
+      job.defaultMaxAttempts !== first.defaultMaxAttempts
     ) {
       return null;
     }
@@ -412,6 +423,7 @@ function uniformParams(jobs: readonly NewJob[]): unknown[] | null {
     first.delayMs,
     first.groupKey,
     first.maxAttempts,
+    first.defaultMaxAttempts,
   ];
 }
 
@@ -433,6 +445,7 @@ function enqueueManyParams(jobs: readonly NewJob[]): unknown[] {
     jobs.map((job) => job.groupKey),
     jobs.map((job) => job.idempotencyKey),
     jobs.map((job) => job.maxAttempts),
+    jobs.map((job) => job.defaultMaxAttempts),
   ];
 }
 
