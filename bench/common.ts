@@ -10,7 +10,7 @@ import { QueueProducerCore } from '../lib/src/core/producer.js';
 import type { QueueStore } from '../lib/src/core/queue-store.js';
 import { DEFAULT_WAKE_INTERVAL_MS, RemoteWaker, WakeBus } from '../lib/src/core/wake.js';
 import { createQueueStore } from '../lib/src/store/create-store.js';
-import { mssqlConfigFromUrl } from '../lib/src/store/mssql/mssql.connect.js';
+import { mssqlConfigFromUrl } from '../lib/src/store/mssql/mssql.config.js';
 import { mssqlDropSchema } from '../lib/src/store/mssql/mssql.migrations.js';
 
 export const PG_URL = process.env.SQLQUEUE_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
@@ -55,7 +55,7 @@ export async function dropSchema(target: Target | string, schema: string): Promi
     await sql(url, `DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     return;
   }
-  const pool = await new mssql.ConnectionPool(mssqlConfigFromUrl(url, 2)).connect();
+  const pool = await new mssql.ConnectionPool(mssqlConfigFromUrl(url, { poolSize: 2 })).connect();
   try {
     await pool.request().input('schema', mssql.NVarChar(128), schema).batch(mssqlDropSchema());
   } finally {

@@ -28,6 +28,8 @@ export type { ConsumerSnapshot } from './core/consumer.js';
 export type { QueueConsumerSnapshot } from './core/queue-consumer.js';
 export type { QueueStore, Dialect, MigrationMode } from './core/queue-store.js';
 export type { SqlQueueConnection } from './store/create-store.js';
+export { mssqlConfigFromUrl } from './store/mssql/mssql.config.js';
+export type { SqlQueueMssqlUrlConfig } from './store/mssql/mssql.config.js';
 export type { SqlQueueMssqlConfig, SqlQueueMssqlPool, SqlQueuePgPool, SqlQueuePGlite } from './store/driver-shapes.js';
 export type {
   AttemptRecord,

@@ -149,7 +149,8 @@ function osUser(name: string): { uid: number; gid: number } {
   return { uid: Number(result.stdout.trim()), gid: Number(group.stdout.trim()) };
 }
 
-function freePort(): Promise<number> {
+/** A local TCP port nobody listens on (free a moment ago). */
+export function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const server = net.createServer();
     server.once('error', reject);

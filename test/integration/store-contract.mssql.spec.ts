@@ -1,13 +1,14 @@
 import sql from 'mssql';
 import { describe, it } from 'vitest';
-import { createMssqlStore, mssqlConfigFromUrl } from '../../lib/src/store/mssql/mssql.connect.js';
+import { mssqlConfigFromUrl } from '../../lib/src/store/mssql/mssql.config.js';
+import { createMssqlStore } from '../../lib/src/store/mssql/mssql.connect.js';
 import { mssqlDropSchema } from '../../lib/src/store/mssql/mssql.migrations.js';
 import { MSSQL_URL } from '../helpers/databases.js';
 import { describeStoreContract } from './store-contract.js';
 
 /** Drops every object the migrations create in a test schema, then the schema. */
 async function dropMssqlSchema(schema: string): Promise<void> {
-  const pool = await new sql.ConnectionPool(mssqlConfigFromUrl(MSSQL_URL, 2)).connect();
+  const pool = await new sql.ConnectionPool(mssqlConfigFromUrl(MSSQL_URL, { poolSize: 2 })).connect();
   try {
     await pool.request().input('schema', sql.NVarChar(128), schema).batch(mssqlDropSchema());
   } finally {
@@ -30,7 +31,7 @@ if (!MSSQL_URL) {
       return createMssqlStore({ url: MSSQL_URL, poolSize: options?.poolSize ?? 4 }, { schema });
     },
     async beginTransaction() {
-      const pool = await new sql.ConnectionPool(mssqlConfigFromUrl(MSSQL_URL, 1)).connect();
+      const pool = await new sql.ConnectionPool(mssqlConfigFromUrl(MSSQL_URL, { poolSize: 1 })).connect();
       const transaction = new sql.Transaction(pool);
       await transaction.begin();
       const finish = async (work: () => Promise<void>) => {
@@ -48,7 +49,7 @@ if (!MSSQL_URL) {
     },
     dropSchema: dropMssqlSchema,
     async bumpSchemaVersion(schema, version) {
-      const pool = await new sql.ConnectionPool(mssqlConfigFromUrl(MSSQL_URL, 1)).connect();
+      const pool = await new sql.ConnectionPool(mssqlConfigFromUrl(MSSQL_URL, { poolSize: 1 })).connect();
       try {
         await pool
           .request()

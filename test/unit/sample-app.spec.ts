@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { dialectOf, loadConfig } from '../../sample-app/src/app.config.js';
+import { sampleMssqlConfig } from '../../sample-app/src/database/sample.database.js';
 import { mssqlStatements } from '../../sample-app/src/database/sample.sql.js';
 import { checkTsqlWithKnownGaps } from '../helpers/tsql-grammar.js';
 
@@ -17,6 +18,22 @@ describe('sample app configuration from the environment', () => {
     expect(dialectOf('sqlserver://h/db')).toBe('mssql');
     expect(dialectOf('Server=h,1433;Database=db;User Id=u;Password=p')).toBe('mssql');
     expect(() => dialectOf('mysql://h/db')).toThrow(/SQLQUEUE_URL/);
+  });
+
+  it('opens SQL Server from SQLQUEUE_URL as the queue parses it, sized by SQLQUEUE_POOL_SIZE', () => {
+    const url = 'mssql://sa:p%40ss@db:1433/app?encrypt=true&trustServerCertificate=true';
+    const config = loadConfig({ SQLQUEUE_URL: url, SQLQUEUE_POOL_SIZE: '7' });
+    expect(sampleMssqlConfig(config.databaseUrl!, config.poolSize)).toMatchObject({
+      server: 'db',
+      port: 1433,
+      database: 'app',
+      password: 'p@ss',
+      pool: { max: 7 },
+      connectionTimeout: 5_000,
+      options: { encrypt: true, trustServerCertificate: true },
+    });
+    expect(sampleMssqlConfig(`${url}&connectTimeout=900`, 7).connectionTimeout).toBe(900);
+    expect(sampleMssqlConfig('Server=db,1433;Database=app;User Id=sa;Password=p', 7).pool.max).toBe(7);
   });
 
   it('refuses bad numbers and schema names, naming the variable', () => {

@@ -2,7 +2,7 @@ import { mkdir } from 'node:fs/promises';
 import { Logger, type OnApplicationShutdown } from '@nestjs/common';
 import type { PGlite, Transaction as PGliteTransaction } from '@electric-sql/pglite';
 import type sqlNamespace from 'mssql';
-import type { SqlQueueConnection } from 'nestjs-sql-queue';
+import { mssqlConfigFromUrl, type SqlQueueConnection, type SqlQueueMssqlUrlConfig } from 'nestjs-sql-queue';
 import pg from 'pg';
 import type { SampleConfig } from '../app.config.js';
 import { mssqlStatements, postgresStatements, type SampleStatements } from './sample.sql.js';
@@ -223,7 +223,8 @@ export async function openSampleDatabase(config: SampleConfig): Promise<SampleDa
     return database;
   }
   const mssql = (await import('mssql')).default;
-  const pool = new mssql.ConnectionPool(config.databaseUrl);
+  const poolConfig = sampleMssqlConfig(config.databaseUrl, config.poolSize);
+  const pool = new mssql.ConnectionPool(poolConfig);
   pool.on('error', (error: Error) => logger.warn(`idle database connection failed: ${error.message}`));
   await pool.connect();
   const database = new MssqlSampleDatabase(mssql, pool, config.appSchema);
@@ -236,6 +237,16 @@ export async function openSampleDatabase(config: SampleConfig): Promise<SampleDa
     await pool.close().catch(() => undefined);
     throw error;
   }
-  logger.log('SQL Server');
+  logger.log(`SQL Server at ${poolConfig.server}`);
   return database;
+}
+
+/**
+ * The SQL Server pool the app and the queue share, from SQLQUEUE_URL (an `mssql://` or
+ * `sqlserver://` URL, or an ADO string) parsed as the queue parses its own `url`.
+ */
+export function sampleMssqlConfig(url: string, poolSize: number): SqlQueueMssqlUrlConfig {
+  const parsed = mssqlConfigFromUrl(url, { poolSize });
+  // As on PostgreSQL: an unreachable server fails the boot in seconds, unless the URL says otherwise.
+  return { ...parsed, connectionTimeout: parsed.connectionTimeout ?? 5_000 };
 }

@@ -1,6 +1,7 @@
 import sql from 'mssql';
 import { SqlQueueConfigError } from '../../core/errors.js';
 import type { SqlQueueMssqlConfig, SqlQueueMssqlPool } from '../driver-shapes.js';
+import { assertMssqlSessionOptions, mssqlConfigFromUrl } from './mssql.config.js';
 import { MssqlQueueStore } from './mssql.store.js';
 
 export type MssqlConnection =
@@ -21,59 +22,22 @@ export function createMssqlStore(connection: MssqlConnection, options: MssqlStor
     if (!(connection.pool instanceof sql.ConnectionPool)) {
       throw new SqlQueueConfigError('connection.pool must be an mssql ConnectionPool');
     }
+    // mssql keeps the config a pool was built from on `config` (not in its typings).
+    const poolConfig = (connection.pool as { config?: { options?: object } }).config;
+    assertMssqlSessionOptions(poolConfig?.options, "in the shared pool's config.options");
     return new MssqlQueueStore(connection.pool, false, options.schema);
   }
   // The public shape types only the common fields (mssql is an optional peer); mssql checks the rest.
   const config =
     'config' in connection
       ? (connection.config as sql.config)
-      : mssqlConfigFromUrl(connection.url, connection.poolSize);
+      : mssqlConfigFromUrl(connection.url, { poolSize: connection.poolSize });
+  assertMssqlSessionOptions(
+    config.options,
+    'config' in connection ? 'in connection.config.options' : 'in the options connection.url sets',
+  );
   const pool = new sql.ConnectionPool(config);
   // Errors on idle connections surface here; without a listener Node would treat them as fatal.
   pool.on('error', (error: Error) => options.onBackgroundError?.(error));
   return new MssqlQueueStore(pool, true, options.schema);
-}
-
-/**
- * Accepts the URL form used by SQLQUEUE_MSSQL_URL and container docs, or an ADO connection
- * string as the mssql package documents it.
- */
-export function mssqlConfigFromUrl(url: string, poolSize = 10): sql.config {
-  if (typeof url !== 'string' || url.length === 0) {
-    throw new SqlQueueConfigError(
-      "connection.url must be 'mssql://user:password@host:1433/database' or an ADO connection string",
-    );
-  }
-  if (!/^(mssql|sqlserver):\/\//i.test(url)) {
-    const parsed = sql.ConnectionPool.parseConnectionString(url) as sql.config;
-    return { ...parsed, pool: { ...parsed.pool, max: parsed.pool?.max ?? poolSize } };
-  }
-  let parsed: URL;
-  try {
-    parsed = new URL(url.replace(/^sqlserver:/i, 'mssql:'));
-  } catch {
-    throw new SqlQueueConfigError('connection.url is not a valid URL');
-  }
-  const params = parsed.searchParams;
-  const flag = (name: string, fallback: boolean) =>
-    params.has(name) ? ['true', '1', 'yes'].includes(params.get(name)!.toLowerCase()) : fallback;
-  const database = decodeURIComponent(parsed.pathname.replace(/^\//, ''));
-  if (!parsed.hostname || !database) {
-    throw new SqlQueueConfigError(
-      "connection.url needs a host and a database: 'mssql://user:password@host:1433/database'",
-    );
-  }
-  return {
-    server: parsed.hostname,
-    port: parsed.port ? Number(parsed.port) : 1433,
-    user: decodeURIComponent(parsed.username),
-    password: decodeURIComponent(parsed.password),
-    database,
-    pool: { max: Number(params.get('poolSize') ?? poolSize), min: 0, idleTimeoutMillis: 30_000 },
-    options: {
-      encrypt: flag('encrypt', true),
-      trustServerCertificate: flag('trustServerCertificate', false),
-      appName: params.get('appName') ?? 'nestjs-sql-queue',
-    },
-  };
 }
