@@ -66,8 +66,12 @@ describe('sample app over HTTP (PostgreSQL)', () => {
     );
     expect(posted.created).toBe(true);
     await waitFor(sentKeys, (keys) => keys.includes(`job:${posted.jobId}`), { what: 'the email to be sent' });
-    const job = await query<{ state: string }>(`SELECT state FROM "${queueSchema}".jobs WHERE id = $1`, [posted.jobId]);
-    expect(job[0]?.state).toBe('done');
+    // The handler's effect commits first; its completion follows in the next acknowledgement batch.
+    await waitFor(
+      () => query<{ state: string }>(`SELECT state FROM "${queueSchema}".jobs WHERE id = $1`, [posted.jobId]),
+      (rows) => rows[0]?.state === 'done',
+      { what: 'the job to be completed' },
+    );
 
     // A delayed email waits: the stats show it as delayed, not ready.
     await json(
