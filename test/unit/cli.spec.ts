@@ -61,7 +61,7 @@ describe('nestjs-sql-queue sql', () => {
 
   it('--from the latest version prints no migration but a valid, repeatable script', async () => {
     expect(PG_LATEST_VERSION).toBe(2);
-    expect(MSSQL_LATEST_VERSION).toBe(2);
+    expect(MSSQL_LATEST_VERSION).toBe(3);
     const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '2');
     expect(pg.code).toBe(0);
     expect(pg.stdout).toBe(pgInstallScript('demo', 2));
@@ -70,9 +70,9 @@ describe('nestjs-sql-queue sql', () => {
     expect(pg.stdout).toContain('BEGIN;');
     expect(pg.stdout).toContain('COMMIT;');
 
-    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '2');
+    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '3');
     expect(mssql.code).toBe(0);
-    expect(mssql.stdout).toBe(mssqlInstallScript('demo', 2));
+    expect(mssql.stdout).toBe(mssqlInstallScript('demo', 3));
     expect(mssql.stdout).not.toContain('INSERT INTO');
     expect(mssql.stdout).not.toContain('[Jobs]');
   });
@@ -86,6 +86,17 @@ describe('nestjs-sql-queue sql', () => {
     expect(mssql.stdout).toContain('CREATE TABLE [demo].[QueueSettings]');
     expect(mssql.stdout).toContain('CREATE TYPE [demo].[JobInputListV2]');
     expect(mssql.stdout).not.toContain('CREATE TABLE [demo].[Jobs]');
+  });
+
+  it('--from 2 prints only SQL Server version 3: the indexes, re-keyed with DROP_EXISTING', async () => {
+    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '2');
+    expect(mssql.code).toBe(0);
+    expect(mssql.stdout).toContain('-- 3: indexes for the reaper');
+    expect(mssql.stdout).toContain(
+      "CREATE NONCLUSTERED INDEX [IX_Jobs_Leased] ON [demo].[Jobs] ([LeaseUntil], [Queue]) INCLUDE ([Attempts]) WHERE [State] = 'leased' WITH (DROP_EXISTING = ON);",
+    );
+    expect(mssql.stdout).not.toContain('[QueueSettings]');
+    expect(mssql.stdout).toContain('VALUES (3, N');
   });
 
   it('--help and -h print the usage on stdout and succeed', async () => {

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import {
   MSSQL_MIGRATIONS,
@@ -197,6 +198,10 @@ function dmlTargets(text: string): DmlTarget[] {
   }
   for (const m of text.matchAll(/\bUPDATE\s+(\S+)/g)) {
     const target = m[1]!;
+    // A table variable (the enqueue's @keys) or another table of the schema (QueueSettings) is
+    // not in the claim path.
+    if (new RegExp(String.raw`\bFROM\s+@\w+\s+AS\s+${target}\b`).test(text)) continue;
+    if (/^\[sqlqueue\]\.\[\w+\]$/.test(target) && !new RegExp(`^${JOBS_OR_ATTEMPTS}$`).test(target)) continue;
     if (new RegExp(`^${JOBS_OR_ATTEMPTS}$`).test(target)) {
       targets.push({ statement: m[0], how: 'update', hints: hintsAfter(m.index! + m[0].length), bounded: false });
       continue;
@@ -270,5 +275,101 @@ describe('writes to Jobs and Attempts (issue 10, P4/P5)', () => {
     expect(dmlTargets(unbounded)).toEqual([expect.objectContaining({ hints: ['ROWLOCK'], bounded: false })]);
     const cleanup = queries.cleanup.replace(/DELETE TOP \([^)]*\) FROM/g, 'DELETE FROM');
     expect(dmlTargets(cleanup).every((t) => !t.bounded)).toBe(true);
+  });
+});
+
+interface IndexModel {
+  table: string;
+  keys: string[];
+  include: string[];
+  filter: string;
+}
+
+/** The nonclustered indexes the migrations leave, in order: CREATE, or re-key WITH (DROP_EXISTING = ON). */
+function indexesAfterMigrations(): Map<string, IndexModel> {
+  const indexes = new Map<string, IndexModel>();
+  const list = (text: string | undefined) =>
+    text
+      ? text.split(',').map((c) =>
+          c
+            .trim()
+            .replace(/\s+DESC$/, '')
+            .replace(/^\[|\]$/g, ''),
+        )
+      : [];
+  for (const migration of MSSQL_MIGRATIONS) {
+    for (const batch of migration.batches('sqlqueue')) {
+      const m =
+        /^CREATE (?:UNIQUE )?NONCLUSTERED INDEX \[(\w+)\] ON \[sqlqueue\]\.\[(\w+)\] \(([^)]*)\)(?: INCLUDE \(([^)]*)\))?(?: WHERE (.+?))?( WITH \(DROP_EXISTING = ON\))?;$/.exec(
+          batch,
+        );
+      if (!m) continue;
+      const [, name, table, keys, include, filter, dropExisting] = m;
+      expect(indexes.has(name!), `${name}: DROP_EXISTING exactly when it exists (version ${migration.version})`).toBe(
+        !!dropExisting,
+      );
+      indexes.set(name!, { table: table!, keys: list(keys), include: list(include), filter: filter ?? '' });
+    }
+  }
+  return indexes;
+}
+
+describe('SQL Server migrations', () => {
+  it('are numbered 1..n without gaps, the latest last', () => {
+    expect(MSSQL_MIGRATIONS.map((m) => m.version)).toEqual(MSSQL_MIGRATIONS.map((_, i) => i + 1));
+  });
+
+  it('version 1 is released and never edited (a change comes as a new version)', () => {
+    const text = MSSQL_MIGRATIONS[0]!.batches('sqlqueue').join('\n');
+    expect(createHash('sha256').update(text).digest('hex')).toBe(
+      '7be75ac0ce3e3fd344d7627242b1ab1b044d05677fc6cc665fdd2031d632f073',
+    );
+  });
+});
+
+describe('indexes after every migration serve the queries that need them (issue 10, P1/P3)', () => {
+  const indexes = indexesAfterMigrations();
+  const jobsIndex = (filter: string) => [...indexes.values()].find((i) => i.table === 'Jobs' && i.filter === filter);
+  const covers = (index: IndexModel | undefined, columns: string[]) =>
+    columns.every((c) => index?.keys.includes(c) || index?.include.includes(c));
+
+  it('the reaper seeks leases by expiry across queues and stops after its batch', () => {
+    const leased = jobsIndex("[State] = 'leased'");
+    expect(leased?.keys[0]).toBe('LeaseUntil');
+    expect(mssqlQueries('sqlqueue').reap).toMatch(
+      /WHERE \[State\] = 'leased' AND \[LeaseUntil\] < SYSUTCDATETIME\(\)\s+ORDER BY \[LeaseUntil\]/,
+    );
+    expect(covers(leased, ['LeaseUntil', 'Queue', 'Attempts'])).toBe(true);
+  });
+
+  it('the claim order is the ready index key, and the retrying figures read Attempts in it', () => {
+    const ready = jobsIndex("[State] = 'ready'");
+    expect(ready?.keys).toEqual(['Queue', 'Priority', 'RunAt', 'Id']);
+    expect(covers(ready, ['Attempts'])).toBe(true);
+  });
+
+  it('dead jobs: pages by queue and Id, purge by age, retention across queues by FinishedAt', () => {
+    const dead = jobsIndex("[State] = 'dead'");
+    const deadByAge = [...indexes.values()].find((i) => i.filter === "[State] = 'dead'" && i !== dead);
+    expect(dead?.keys).toEqual(['Queue', 'Id']);
+    expect(covers(dead, ['FinishedAt'])).toBe(true);
+    expect(deadByAge?.keys[0]).toBe('FinishedAt');
+    expect(covers(deadByAge, ['IdempotencyKey'])).toBe(true);
+  });
+
+  it('done retention is one FinishedAt range for keyless and one for keyed jobs, as cleanup deletes them', () => {
+    expect(jobsIndex("[State] = 'done' AND [IdempotencyKey] IS NULL")?.keys).toEqual(['FinishedAt']);
+    expect(jobsIndex("[State] = 'done' AND [IdempotencyKey] IS NOT NULL")?.keys).toEqual(['FinishedAt']);
+    const cleanup = mssqlQueries('sqlqueue').cleanup;
+    expect(cleanup).toContain("WHERE [State] = 'done' AND [IdempotencyKey] IS NULL AND [FinishedAt] < @doneBefore");
+    expect(cleanup).toContain(
+      "WHERE [State] = 'done' AND [IdempotencyKey] IS NOT NULL AND [FinishedAt] < @keyedDoneBefore",
+    );
+  });
+
+  it('recent failures per queue read Outcome in the attempts index', () => {
+    const recent = indexes.get('IX_Attempts_Recent');
+    expect(recent?.keys).toEqual(['Queue', 'FinishedAt']);
+    expect(covers(recent, ['Outcome'])).toBe(true);
   });
 });

@@ -163,6 +163,42 @@ export const MSSQL_MIGRATIONS: readonly MssqlMigration[] = [
       ];
     },
   },
+  {
+    version: 3,
+    description: 'indexes for the reaper, the monitoring figures and retention cleanup',
+    // Each statement names the query it serves; an index that already exists is re-keyed with
+    // DROP_EXISTING ("drop and rebuild the existing clustered or nonclustered index with
+    // modified column specifications, and keep the same name",
+    // https://learn.microsoft.com/sql/t-sql/statements/create-index-transact-sql). Offline
+    // rebuilds: each holds a schema-modification lock on Jobs (or Attempts) while it builds, so
+    // on a large table apply this version when the queue is quiet.
+    batches: (schema) => {
+      const s = quoteMssqlIdentifier(schema);
+      return [
+        // The reaper takes TOP (@batch) expired leases of every queue in LeaseUntil order: led by
+        // LeaseUntil, that is a range seek that stops after @batch rows. Led by Queue (version 1),
+        // it read and U-locked every leased row and sorted them on each call. The per-queue lease
+        // figures now read the whole leased set, which running handlers bound. Attempts: the
+        // repeatedly-failing figure of leased jobs.
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_Leased] ON ${s}.[Jobs] ([LeaseUntil], [Queue]) INCLUDE ([Attempts]) WHERE [State] = 'leased' WITH (DROP_EXISTING = ON);`,
+        // The claim's order, plus Attempts for the retrying and repeatedly-failing figures, which
+        // otherwise cost a lookup per ready job. A row enters or leaves this index on every state
+        // change anyway, and only the claim (which moves it out) changes Attempts of a ready row.
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_Claim] ON ${s}.[Jobs] ([Queue], [Priority] DESC, [RunAt], [Id]) INCLUDE ([Attempts]) WHERE [State] = 'ready' WITH (DROP_EXISTING = ON);`,
+        // listDead pages by Id; purgeDead's olderThanMs reads FinishedAt without a lookup.
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_Dead] ON ${s}.[Jobs] ([Queue], [Id]) INCLUDE ([FinishedAt]) WHERE [State] = 'dead' WITH (DROP_EXISTING = ON);`,
+        // Dead retention (cleanup, every queue): oldest first, the key window checked in the index.
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_DeadFinished] ON ${s}.[Jobs] ([FinishedAt]) INCLUDE ([IdempotencyKey]) WHERE [State] = 'dead';`,
+        // Done retention in two ranges: keyless rows go after doneMs, keyed rows only once the key
+        // window has passed too. In one index, every cleanup call re-read the keyed rows still
+        // inside the window before reaching deletable ones.
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_Done] ON ${s}.[Jobs] ([FinishedAt]) WHERE [State] = 'done' AND [IdempotencyKey] IS NULL WITH (DROP_EXISTING = ON);`,
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_DoneKeyed] ON ${s}.[Jobs] ([FinishedAt]) WHERE [State] = 'done' AND [IdempotencyKey] IS NOT NULL;`,
+        // Recent failures per queue: each queue's window is one range seek, Outcome read in place.
+        `CREATE NONCLUSTERED INDEX [IX_Attempts_Recent] ON ${s}.[Attempts] ([Queue], [FinishedAt]) INCLUDE ([Outcome]) WITH (DROP_EXISTING = ON);`,
+      ];
+    },
+  },
 ];
 
 export const MSSQL_LATEST_VERSION = MSSQL_MIGRATIONS[MSSQL_MIGRATIONS.length - 1]!.version;

@@ -342,7 +342,8 @@ SELECT CAST([Id] AS varchar(20)) AS [Id], [Queue], [State], [Attempt] FROM @reap
   WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= SYSUTCDATETIME()
 ) THEN 1 ELSE 0 END AS bit) AS [HasWork];`,
 
-    // Each figure reads one filtered index, so the cost follows live rows, not history.
+    // Each figure reads one filtered index that covers it (Attempts is included in the ready
+    // index since migration 3), so the cost follows live rows, not history.
     // READPAST: a monitoring read must never queue behind a producer's open transaction (as
     // PostgreSQL's MVCC reads never do); rows locked at that instant are simply not counted.
     stats: `${MSSQL_STORE_SESSION}DECLARE @now datetime2(3) = SYSUTCDATETIME();
@@ -440,11 +441,12 @@ SELECT @deleted AS [Deleted];`,
     // ---- health and measurements --------------------------------------------------------
 
     // @windowMs bigint, @repeated int. Every queue in one batch, for scrapes. Each live figure
-    // reads one filtered index (ready, leased, dead), so done rows are never read. Attempts
-    // have no index on FinishedAt alone: their queues are walked on IX_Attempts_Recent
-    // ([Queue], [FinishedAt]) one MIN seek at a time, and each queue's recent attempts are one
-    // range seek on it. READPAST, as in stats: a monitoring read never queues behind a
-    // producer's open transaction; rows locked at that instant are simply not counted.
+    // reads one filtered index that covers it (ready, leased, dead), so done rows are never
+    // read. Attempts have no index on FinishedAt alone: their queues are walked on
+    // IX_Attempts_Recent ([Queue], [FinishedAt]) INCLUDE ([Outcome]) one MIN seek at a time, and
+    // each queue's recent attempts are one range seek on it. READPAST, as in stats: a monitoring
+    // read never queues behind a producer's open transaction; rows locked at that instant are
+    // simply not counted.
     // Failures: a ready job has failed [Attempts] times, a leased one [Attempts] - 1 times.
     queueHealth: `${MSSQL_STORE_SESSION}DECLARE @now datetime2(3) = SYSUTCDATETIME();
 DECLARE @since datetime2(3) = DATEADD(millisecond, -CAST(@windowMs % 1000 AS int), DATEADD(second, -CAST(@windowMs / 1000 AS int), @now));
