@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SqlQueueConfigError, SqlQueueSchemaError, SqlQueueValidationError } from '../../lib/src/core/errors.js';
 import type { QueueStore } from '../../lib/src/core/queue-store.js';
 import type { ClaimedJob, EnqueueOptions, NewJob } from '../../lib/src/core/types.js';
+import { withTimeout } from '../../lib/src/core/timeout.js';
 import { prepareJob } from '../../lib/src/core/validation.js';
 import { uniqueSchema } from '../helpers/databases.js';
 import { waitFor } from '../helpers/wait-for.js';
@@ -250,6 +251,73 @@ export function describeStoreContract(target: StoreTarget): void {
         expect(await store.getJob(bulkDropped[0]!.jobId)).toBeNull();
         expect((await store.stats(queue)).ready).toBe(1);
       });
+
+      it('bulk enqueues sharing keys in crossing orders all succeed, one job per key (issue 10, C1)', async () => {
+        const producers = await openExtra(2);
+        for (let round = 0; round < 3; round++) {
+          const queue = newQueue('crossing');
+          const keys = Array.from({ length: Math.round(500 * target.scale) }, (_, i) => `order-${i}`);
+          const batch = (order: string[]) => order.map((key) => job(queue, { key }, { idempotencyKey: key }));
+          const reversed = [...keys].reverse();
+          const [ra, rb] = await Promise.all([
+            producers[0]!.enqueue(batch(keys)),
+            producers[1]!.enqueue(batch(reversed)),
+          ]);
+          const byKeyA = new Map(keys.map((k, i) => [k, ra[i]!]));
+          const byKeyB = new Map(reversed.map((k, i) => [k, rb[i]!]));
+          for (const key of keys) {
+            expect(byKeyA.get(key)!.jobId).toBe(byKeyB.get(key)!.jobId);
+            expect(Number(byKeyA.get(key)!.created) + Number(byKeyB.get(key)!.created)).toBe(1);
+          }
+          expect((await store.stats(queue)).ready).toBe(keys.length);
+        }
+      });
+
+      if (target.concurrentSessions) {
+        it("a keyed enqueue does not wait for another key held in a caller's open transaction (issue 10, C2)", async () => {
+          const queue = newQueue('keygap');
+          const open = await target.beginTransaction();
+          try {
+            const [held] = await store.enqueue([job(queue, {}, { idempotencyKey: 'order-1001' })], open.handle);
+            expect(held!.created).toBe(true);
+            // Rising business keys: the next key sorts right after the held one. It must not queue
+            // behind the open transaction (a range lock on the gap after order-1001 would).
+            const [next] = await withTimeout(
+              store.enqueue([job(queue, {}, { idempotencyKey: 'order-1002' })]),
+              10_000,
+              'a keyed enqueue next to a key in an open transaction',
+            );
+            expect(next!.created).toBe(true);
+          } finally {
+            await open.commit();
+          }
+          expect((await store.stats(queue)).ready).toBe(2);
+        });
+
+        it('caller transactions enqueueing the same keys in crossing orders wait for each other, never deadlock', async () => {
+          const queue = newQueue('txcrossing');
+          const keys = ['key-a', 'key-b', 'key-c'];
+          const batch = (order: string[]) => order.map((key) => job(queue, { key }, { idempotencyKey: key }));
+          const first = await target.beginTransaction();
+          const second = await target.beginTransaction();
+          let firstEnded = false;
+          try {
+            const created = await store.enqueue(batch(keys), first.handle);
+            expect(created.every((r) => r.created)).toBe(true);
+            // Waits on the first transaction's keys until it commits, then finds its jobs.
+            const waiting = store.enqueue(batch([...keys].reverse()), second.handle);
+            firstEnded = true;
+            await first.commit();
+            const found = await waiting;
+            expect(found.map((r) => r.created)).toEqual([false, false, false]);
+            expect(found.map((r) => r.jobId)).toEqual(created.map((r) => r.jobId).reverse());
+          } finally {
+            if (!firstEnded) await first.rollback();
+            await second.commit();
+          }
+          expect((await store.stats(queue)).ready).toBe(3);
+        });
+      }
 
       it('refuses a transaction handle that is not a transaction', async () => {
         await expect(store.enqueue([job(newQueue('badtx'), {})], { not: 'a transaction' })).rejects.toThrow(

@@ -9,7 +9,12 @@ import {
   mssqlReadVersion,
   mssqlRecordVersion,
 } from '../../lib/src/store/mssql/mssql.migrations.js';
-import { MSSQL_OPEN_TRANSACTION, MSSQL_STORE_SESSION, mssqlQueries } from '../../lib/src/store/mssql/mssql.queries.js';
+import {
+  MSSQL_CALLER_TRANSACTION_GONE,
+  MSSQL_OPEN_TRANSACTION,
+  MSSQL_STORE_SESSION,
+  mssqlQueries,
+} from '../../lib/src/store/mssql/mssql.queries.js';
 import { checkTsqlWithKnownGaps } from '../helpers/tsql-grammar.js';
 
 /** Every batch the SQL Server store can send, for a default and an unusual (valid) schema name. */
@@ -371,5 +376,101 @@ describe('indexes after every migration serve the queries that need them (issue 
     const recent = indexes.get('IX_Attempts_Recent');
     expect(recent?.keys).toEqual(['Queue', 'FinishedAt']);
     expect(covers(recent, ['Outcome'])).toBe(true);
+  });
+});
+
+describe('keyed enqueue (issue 10, C1/C2/C4/P6/S2)', () => {
+  const queries = mssqlQueries('sqlqueue');
+  const enqueues = [
+    ['enqueueOne', queries.enqueueOne],
+    ['enqueueMany', queries.enqueueMany],
+  ] as const;
+  const guardEnd = (text: string) => text.indexOf('END;\n') + 'END;\n'.length;
+
+  it.each(enqueues)('%s pins what is safe in a caller transaction, the rest only in its own', (_name, text) => {
+    const session = text.slice(0, guardEnd(text));
+    expect(session.startsWith('SET NOCOUNT ON;\nSET IMPLICIT_TRANSACTIONS OFF;\nSET ROWCOUNT 0;\n')).toBe(true);
+    // Without a caller transaction: refuses an open one; with one: refuses one that is gone.
+    expect(session).toContain(`IF @inTransaction = 0 AND @@TRANCOUNT <> 0\n  THROW ${MSSQL_OPEN_TRANSACTION}, `);
+    expect(session).toContain(`IF @inTransaction = 1 AND @@TRANCOUNT = 0\n  THROW ${MSSQL_CALLER_TRANSACTION_GONE}, `);
+    // Isolation level and XACT_ABORT only for the transaction the statement opens itself.
+    const own = /IF @inTransaction = 0\nBEGIN\n([^]*?)END;\n$/.exec(session);
+    expect(
+      own?.[1]
+        ?.trim()
+        .split('\n')
+        .map((line) => line.trim()),
+    ).toEqual(['SET TRANSACTION ISOLATION LEVEL READ COMMITTED;', 'SET XACT_ABORT ON;']);
+    expect(session.match(/\bSET\b/g)).toHaveLength(5);
+    // Nothing after the opening sets session options again.
+    expect(text.slice(guardEnd(text))).not.toMatch(/\bSET\s+(?:TRANSACTION|XACT_ABORT|IMPLICIT|NOCOUNT|ROWCOUNT)\b/);
+  });
+
+  it.each(enqueues)('%s commits and rolls back only the transaction it opened itself', (_name, text) => {
+    const ends = [...text.matchAll(/^.*\b(BEGIN TRANSACTION|COMMIT TRANSACTION|ROLLBACK TRANSACTION)\b.*$/gm)].map(
+      (m) => m[0].trim(),
+    );
+    expect(ends).toEqual([
+      'IF @inTransaction = 0 BEGIN TRANSACTION;',
+      'IF @inTransaction = 0 COMMIT TRANSACTION;',
+      'IF @inTransaction = 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;',
+    ]);
+    expect(text).toMatch(/BEGIN CATCH\n[^\n]*ROLLBACK TRANSACTION;\n\s+THROW;\nEND CATCH;/);
+  });
+
+  it.each(enqueues)('%s locks the key itself inside the transaction, never a key range', (_name, text) => {
+    expect(text).not.toMatch(/HOLDLOCK|SERIALIZABLE|UPDLOCK/);
+    const begin = text.indexOf('IF @inTransaction = 0 BEGIN TRANSACTION;');
+    const lock = text.indexOf(
+      "EXEC @lock = sys.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction';",
+    );
+    const check = text.search(/FROM \[sqlqueue\]\.\[Jobs\](?: AS j)? WITH \(READCOMMITTEDLOCK, FORCESEEK\)/);
+    const insert = text.indexOf('INSERT INTO [sqlqueue].[Jobs] WITH (ROWLOCK)');
+    expect(begin).toBeGreaterThan(0);
+    expect([begin < lock, lock < check, check < insert]).toEqual([true, true, true]);
+    // A result below 0 is no lock (and a deadlock on it does not roll anything back): thrown.
+    expect(text).toMatch(/IF @lock < 0\n\s+BEGIN\n[^\n]+\n\s+THROW 51003, @refused, 1;\n\s+END;/);
+  });
+
+  it.each(enqueues)('%s reads keys through the filtered unique index predicate', (_name, text) => {
+    const lookups = [
+      ...text.matchAll(/\[IdempotencyKey\] = @idempotencyKey|\.\[IdempotencyKey\] = k\.\[IdempotencyKey\]/g),
+    ];
+    expect(lookups.length).toBeGreaterThan(0);
+    for (const lookup of lookups) {
+      const rest = text.slice(lookup.index!, text.indexOf(';', lookup.index!));
+      expect(rest, rest).toMatch(/\[IdempotencyKey\] IS NOT NULL/);
+    }
+  });
+
+  it('both statements lock a key under the same resource name', () => {
+    const resource = (text: string, queue: string, key: string) => {
+      const m =
+        /N'nestjs-sql-queue:key:' \+ CONVERT\(nvarchar\(64\), HASHBYTES\('SHA2_256', CONCAT\(N'sqlqueue\/', ([^,]+), N'\/', ([^)]+)\)\), 2\)/.exec(
+          text,
+        );
+      expect(m, 'resource expression').not.toBeNull();
+      return m![0].replace(m![1]!, queue).replace(m![2]!, key);
+    };
+    expect(resource(queries.enqueueMany, 'Q', 'K')).toBe(resource(queries.enqueueOne, 'Q', 'K'));
+    // Different schemas never share a lock; names are case-insensitive, so the hash input is not.
+    expect(mssqlQueries('Other_Schema').enqueueOne).toContain("CONCAT(N'other_schema/', @queue");
+  });
+
+  it('bulk enqueue takes its key locks in one order, whatever the input order', () => {
+    const text = queries.enqueueMany;
+    expect(text).toContain('SELECT ROW_NUMBER() OVER (ORDER BY r.[Resource]), r.[Resource]');
+    expect(text).toContain('[Resource] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL');
+    expect(text).toMatch(
+      /WHILE @seq <= @lockCount\n\s+BEGIN\n\s+SET @resource = \(SELECT \[Resource\] FROM @locks WHERE \[Seq\] = @seq\);/,
+    );
+  });
+
+  it('bulk enqueue finds the first row of each key in one pass (no correlated self-check over the batch)', () => {
+    const text = queries.enqueueMany;
+    expect(text).toContain('ROW_NUMBER() OVER (PARTITION BY [Queue], [IdempotencyKey] ORDER BY [Ord]) AS [Nth]');
+    expect(text.match(/FROM @jobs\b/g)).toHaveLength(4); // count, first rows, insert, answer
+    expect(text).not.toMatch(/FROM @jobs AS d\b/);
+    expect(text).toContain('PRIMARY KEY ([Queue], [IdempotencyKey])');
   });
 });

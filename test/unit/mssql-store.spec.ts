@@ -1,6 +1,7 @@
 import sql from 'mssql';
 import { describe, expect, it } from 'vitest';
 import { SqlQueueTransactionError } from '../../lib/src/core/errors.js';
+import { prepareJob } from '../../lib/src/core/validation.js';
 import { MSSQL_OPEN_TRANSACTION, mssqlQueries } from '../../lib/src/store/mssql/mssql.queries.js';
 import { MssqlQueueStore } from '../../lib/src/store/mssql/mssql.store.js';
 
@@ -120,5 +121,49 @@ describe('MssqlQueueStore refuses a connection with an open transaction (issue 1
     });
     expect(await store.hasClaimableWork('mail')).toBe(true);
     expect(calls).toBe(2);
+  });
+});
+
+describe('MssqlQueueStore keyed enqueue in autocommit (issue 10, C4)', () => {
+  const LIMITS = { maxPayloadBytes: 1024, defaultMaxAttempts: 3 };
+  const keyed = (key: string | undefined) => prepareJob('mail', {}, key ? { idempotencyKey: key } : {}, LIMITS);
+
+  it('runs the statement again after a duplicate-key error: the other writer committed the key', async () => {
+    const { store, sent } = scriptedStore(() => {
+      if (sent.length === 1) throw serverError(2601, 'Cannot insert duplicate key row');
+      return [{ Id: '42', Created: false }];
+    });
+    expect(await store.enqueue([keyed('order-1')])).toEqual([{ jobId: '42', created: false }]);
+    expect(sent.map((s) => [s.name, s.inputs.inTransaction])).toEqual([
+      ['enqueueOne', false],
+      ['enqueueOne', false],
+    ]);
+  });
+
+  it('gives up after three rounds, and never retries a duplicate key without an idempotency key', async () => {
+    const duplicate = () => {
+      throw serverError(2627, 'Violation of PRIMARY KEY constraint');
+    };
+    const keyedStore = scriptedStore(duplicate);
+    await expect(keyedStore.store.enqueue([keyed('a'), keyed('b')])).rejects.toThrow(/Violation of PRIMARY KEY/);
+    expect(keyedStore.sent.map((s) => s.name)).toEqual(['enqueueMany', 'enqueueMany', 'enqueueMany']);
+    const plain = scriptedStore(duplicate);
+    await expect(plain.store.enqueue([keyed(undefined)])).rejects.toThrow(/Violation/);
+    expect(plain.sent).toHaveLength(1);
+  });
+
+  it('retries a refused key lock (timeout or deadlock victim) as a lock conflict', async () => {
+    const { store, sent } = scriptedStore(() => {
+      if (sent.length === 1) throw serverError(51003, 'idempotency key lock not granted (sp_getapplock returned -3)');
+      return [
+        { Ord: 0, Id: '7', Created: true },
+        { Ord: 1, Id: '7', Created: false },
+      ];
+    });
+    expect(await store.enqueue([keyed('k'), keyed('k')])).toEqual([
+      { jobId: '7', created: true },
+      { jobId: '7', created: false },
+    ]);
+    expect(sent).toHaveLength(2);
   });
 });

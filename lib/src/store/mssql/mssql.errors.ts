@@ -3,8 +3,18 @@ export const MSSQL_DEADLOCK = 1205;
 /** Lock request time out (only with SET LOCK_TIMEOUT). */
 export const MSSQL_LOCK_TIMEOUT = 1222;
 
-/** Retryable in place: the statement was rolled back whole, so repeating it is safe. */
-const LOCK_CONFLICTS = new Set([MSSQL_DEADLOCK, MSSQL_LOCK_TIMEOUT]);
+/**
+ * THROWn by enqueue when sp_getapplock does not grant an idempotency key's lock (timeout,
+ * deadlock victim): a deadlock or lock timeout by another name (mssql.queries.ts, takeKeyLock).
+ */
+export const MSSQL_KEY_LOCK_REFUSED = 51003;
+
+/**
+ * Retryable in place: the statement was rolled back whole, so repeating it is safe (in a
+ * caller's transaction the store rethrows instead; after a refused key lock that transaction is
+ * still open, the caller's to roll back or retry).
+ */
+const LOCK_CONFLICTS = new Set([MSSQL_DEADLOCK, MSSQL_LOCK_TIMEOUT, MSSQL_KEY_LOCK_REFUSED]);
 
 /**
  * Connection-level and Azure SQL throttling errors after which the next attempt may succeed:

@@ -1,3 +1,4 @@
+import { MSSQL_KEY_LOCK_REFUSED } from './mssql.errors.js';
 import { quoteMssqlIdentifier } from './mssql.identifiers.js';
 
 /**
@@ -144,6 +145,99 @@ BEGIN CATCH
 END CATCH;`;
 }
 
+/** THROW number of enqueue when the caller's transaction is no longer open on the server. */
+export const MSSQL_CALLER_TRANSACTION_GONE = 51002;
+
+/**
+ * Opens both enqueue statements. @inTransaction = 1: the statement runs in the caller's open
+ * transaction, which it joins and never commits; it sets only the options that are safe inside
+ * it (SESSION_SETTINGS; turning IMPLICIT_TRANSACTIONS off does not end it) and refuses to run
+ * when that transaction is no longer open on the server (an earlier error rolled it back): the
+ * job would otherwise commit on its own while the caller's work is gone. The caller's isolation
+ * level is left alone. SET TRANSACTION ISOLATION LEVEL READ COMMITTED would be legal even in a
+ * SNAPSHOT transaction, but it reverts to SNAPSHOT when the statement returns, and "a
+ * transaction cannot be set to SNAPSHOT isolation level that started with another isolation
+ * level; doing so will cause the transaction to abort ... A transaction starts the first time
+ * it accesses data" (https://learn.microsoft.com/sql/t-sql/statements/set-transaction-isolation-level-transact-sql):
+ * a SNAPSHOT transaction whose first data access is this enqueue would then abort. The one
+ * read that must see the latest committed key says so itself (READCOMMITTEDLOCK, which "reads
+ * ... by using locking ... regardless of the setting of the READ_COMMITTED_SNAPSHOT database
+ * option", and a table hint overrides the transaction's isolation level for that table).
+ * @inTransaction = 0: the store's own connection, as MSSQL_STORE_SESSION (no open transaction,
+ * READ COMMITTED), plus XACT_ABORT for the transaction the statement opens itself.
+ */
+const ENQUEUE_SESSION = `${SESSION_SETTINGS}IF @inTransaction = 0 AND @@TRANCOUNT <> 0
+  THROW ${MSSQL_OPEN_TRANSACTION}, N'nestjs-sql-queue: the store runs this statement in autocommit mode, but its connection has an open transaction', 1;
+IF @inTransaction = 1 AND @@TRANCOUNT = 0
+  THROW ${MSSQL_CALLER_TRANSACTION_GONE}, N'nestjs-sql-queue: the transaction passed to enqueue is no longer open on the server', 1;
+IF @inTransaction = 0
+BEGIN
+  SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+  SET XACT_ABORT ON;
+END;
+`;
+
+/**
+ * The application-lock resource of one idempotency key: the schema, queue and key hashed
+ * (SHA2_256; queue and schema names cannot contain '/'), as 64 hex digits without 0x (CONVERT
+ * binary style 2, https://learn.microsoft.com/sql/t-sql/functions/cast-and-convert-transact-sql),
+ * under a prefix: 85 characters, within sp_getapplock's nvarchar(255). A hash collision only
+ * makes two keys serialize. The key compares exactly (binary collation, no trailing spaces:
+ * validation refuses them), so equal keys always hash alike.
+ */
+function keyLockResource(schema: string, queue: string, key: string): string {
+  return `N'nestjs-sql-queue:key:' + CONVERT(nvarchar(64), HASHBYTES('SHA2_256', CONCAT(N'${schema.toLowerCase()}/', ${queue}, N'/', ${key})), 2)`;
+}
+
+/**
+ * One idempotency key's lock, held by the transaction until it commits or rolls back
+ * (https://learn.microsoft.com/sql/relational-databases/system-stored-procedures/sp-getapplock-transact-sql:
+ * "When the lock_owner value is Transaction ... sp_getapplock must be executed from within a
+ * transaction"). It waits as any lock does (@@LOCK_TIMEOUT, else up to the request timeout). A
+ * result below 0 is no lock (-1 timeout, -2 cancelled, -3 deadlock victim, -999 call error),
+ * and "a deadlock with an application lock does not roll back the transaction that requested
+ * the application lock", so it is thrown: keyedWork rolls back its own transaction, and a
+ * caller's stays the caller's to roll back.
+ */
+function takeKeyLock(indent: string): string {
+  return `${indent}EXEC @lock = sys.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction';
+${indent}IF @lock < 0
+${indent}BEGIN
+${indent}  SET @refused = CONCAT(N'nestjs-sql-queue: idempotency key lock not granted (sp_getapplock returned ', @lock, N')');
+${indent}  THROW ${MSSQL_KEY_LOCK_REFUSED}, @refused, 1;
+${indent}END;`;
+}
+
+/**
+ * Runs an enqueue's keyed work in a transaction: the caller's (@inTransaction = 1: joined,
+ * never committed or rolled back here), else one it opens and commits itself, rolled back on
+ * any error (XACT_ABORT is on for it, so a client timeout rolls it back too and never leaves it
+ * open on a pooled connection).
+ *
+ * Why a key lock and not the range lock of UPDLOCK + HOLDLOCK on the unique index: a
+ * serializable range lock on a missing key is taken on the next existing key, so it covers the
+ * whole gap up to it ("Singleton Fetch of Nonexistent Data", Transaction Locking and Row
+ * Versioning Guide). With rising business keys every new key of a queue fell in one gap, so all
+ * keyed producers of the queue waited for the slowest open caller transaction, and two bulk
+ * enqueues whose keys shared gaps deadlocked (RangeS-U is incompatible with RangeS-U and with
+ * RangeI-N). The application lock is on the key itself: producers of one key serialize, others
+ * never wait on each other. The check then needs no HOLDLOCK: no other producer can insert the
+ * key while the lock is held, and READCOMMITTEDLOCK makes it wait for (instead of read past the
+ * version of) an uncommitted delete by cleanup under READ_COMMITTED_SNAPSHOT. FORCESEEK keeps
+ * it a seek on UX_Jobs_Idempotency, so it touches no other key.
+ */
+function keyedWork(body: string): string {
+  return `BEGIN TRY
+  IF @inTransaction = 0 BEGIN TRANSACTION;
+${body}
+  IF @inTransaction = 0 COMMIT TRANSACTION;
+END TRY
+BEGIN CATCH
+  IF @inTransaction = 0 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;
+  THROW;
+END CATCH;`;
+}
+
 export function mssqlQueries(schema: string): MssqlQueries {
   const s = quoteMssqlIdentifier(schema);
   const jobs = `${s}.[Jobs]`;
@@ -153,60 +247,90 @@ export function mssqlQueries(schema: string): MssqlQueries {
 
   return {
     // @queue, @payload, @priority, @runAt (null: now + @delayMs), @delayMs bigint, @groupKey,
-    // @idempotencyKey, @maxAttempts (null: the queue's recorded setting), @defaultMaxAttempts.
-    // With a key, UPDLOCK + HOLDLOCK lock the key's range in the
-    // unique index, so concurrent producers of one key serialize instead of failing on a
-    // duplicate-key error (which would doom a caller's transaction under XACT_ABORT).
+    // @idempotencyKey, @maxAttempts (null: the queue's recorded setting), @defaultMaxAttempts,
+    // @inTransaction (1: the caller's open transaction; see ENQUEUE_SESSION and keyedWork).
     // The setting is read into a variable first: COALESCE((subquery), …) runs the subquery twice.
-    enqueueOne: `DECLARE @inserted TABLE ([Id] bigint NOT NULL);
+    // With a key: the key's lock, then the existence check; the job's id is the existing one or
+    // the reserved one, and nothing is read again after the insert.
+    enqueueOne: `${ENQUEUE_SESSION}DECLARE @id bigint, @created bit = 1, @lock int, @refused nvarchar(2048);
 ${reserveIds('1', sequence)}
 DECLARE @recordedMaxAttempts int = (SELECT [MaxAttempts] FROM ${settings} WHERE [Queue] = @queue);
 DECLARE @jobMaxAttempts int = COALESCE(@maxAttempts, @recordedMaxAttempts, @defaultMaxAttempts);
-IF @idempotencyKey IS NULL
-  INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
-  OUTPUT inserted.[Id] INTO @inserted ([Id])
-  VALUES (@firstId, @queue, 'ready', @payload, @priority, COALESCE(@runAt, ${shiftedNow('@delayMs', 1)}), @groupKey, NULL, @jobMaxAttempts);
-ELSE
-  INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
-  OUTPUT inserted.[Id] INTO @inserted ([Id])
-  SELECT @firstId, @queue, 'ready', @payload, @priority, COALESCE(@runAt, ${shiftedNow('@delayMs', 1)}), @groupKey, @idempotencyKey, @jobMaxAttempts
-  WHERE NOT EXISTS (
-    SELECT 1 FROM ${jobs} WITH (UPDLOCK, HOLDLOCK, FORCESEEK)
-    WHERE [Queue] = @queue AND [IdempotencyKey] = @idempotencyKey AND [IdempotencyKey] IS NOT NULL);
-IF EXISTS (SELECT 1 FROM @inserted)
-  SELECT CAST([Id] AS varchar(20)) AS [Id], CAST(1 AS bit) AS [Created] FROM @inserted;
-ELSE
-  SELECT CAST([Id] AS varchar(20)) AS [Id], CAST(0 AS bit) AS [Created]
-  FROM ${jobs} WHERE [Queue] = @queue AND [IdempotencyKey] = @idempotencyKey;`,
+DECLARE @resource nvarchar(255) = ${keyLockResource(schema, '@queue', '@idempotencyKey')};
+${keyedWork(`  IF @idempotencyKey IS NOT NULL
+  BEGIN
+${takeKeyLock('    ')}
+    SELECT @id = [Id] FROM ${jobs} WITH (READCOMMITTEDLOCK, FORCESEEK)
+    WHERE [Queue] = @queue AND [IdempotencyKey] = @idempotencyKey AND [IdempotencyKey] IS NOT NULL;
+    IF @id IS NOT NULL SET @created = 0;
+  END;
+  IF @created = 1
+  BEGIN
+    SET @id = @firstId;
+    INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
+    VALUES (@firstId, @queue, 'ready', @payload, @priority, COALESCE(@runAt, ${shiftedNow('@delayMs', 1)}), @groupKey, @idempotencyKey, @jobMaxAttempts);
+  END;`)}
+SELECT CAST(@id AS varchar(20)) AS [Id], @created AS [Created];`,
 
     // ROWLOCK on both enqueue statements: READPAST skips locked rows but not locked pages, so
     // a large insert in a caller's long transaction must not take page locks that claims and
     // monitoring reads would then wait on (lock escalation is already off for the table).
-    // @jobs JobInputListV2 with Ord = 0..n-1. A range of ids is reserved first, so every input row
-    // knows its id (first + Ord) whether or not it is inserted, and results come back in input
-    // order. The first row of a key within the batch is the one inserted; later ones get its id.
+    // @jobs JobInputListV2 with Ord = 0..n-1, @inTransaction. A range of ids is reserved first, so
+    // every input row knows its id (first + Ord) whether or not it is inserted, and results come
+    // back in input order. The first row of a key within the batch is the one inserted; later
+    // ones get its id. First rows are found in one pass (ROW_NUMBER over the key: the table type
+    // has no index on the key and SQL Server keeps no statistics on a TVP, so a correlated
+    // "no earlier row" check could run once per row against every row). @keys is keyed by
+    // (Queue, IdempotencyKey) so the joins below seek it. Key locks are taken one per distinct
+    // resource, in resource order (@locks), the same order in every producer.
     // A row without its own MaxAttempts takes its queue's recorded setting, else its default.
-    enqueueMany: `DECLARE @inserted TABLE ([Id] bigint NOT NULL PRIMARY KEY);
+    enqueueMany: `${ENQUEUE_SESSION}DECLARE @inserted TABLE ([Id] bigint NOT NULL PRIMARY KEY);
+DECLARE @keys TABLE (
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [IdempotencyKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [Ord] int NOT NULL, [ExistingId] bigint NULL,
+  PRIMARY KEY ([Queue], [IdempotencyKey]));
+DECLARE @locks TABLE ([Seq] int NOT NULL PRIMARY KEY, [Resource] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL);
 DECLARE @count bigint = (SELECT COUNT_BIG(*) FROM @jobs);
 ${reserveIds('@count', sequence)}
-INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
-OUTPUT inserted.[Id] INTO @inserted ([Id])
-SELECT @firstId + i.[Ord], i.[Queue], 'ready', i.[Payload], i.[Priority],
-       COALESCE(i.[RunAt], DATEADD(millisecond, CAST(i.[DelayMs] % 1000 AS int), DATEADD(second, CAST(i.[DelayMs] / 1000 AS int), SYSUTCDATETIME()))),
-       i.[GroupKey], i.[IdempotencyKey], COALESCE(i.[MaxAttempts], q.[MaxAttempts], i.[DefaultMaxAttempts])
-FROM @jobs AS i
-LEFT JOIN ${settings} AS q ON q.[Queue] = i.[Queue]
-WHERE i.[IdempotencyKey] IS NULL
-   OR (NOT EXISTS (SELECT 1 FROM @jobs AS d
-                   WHERE d.[Queue] = i.[Queue] AND d.[IdempotencyKey] = i.[IdempotencyKey] AND d.[Ord] < i.[Ord])
-       AND NOT EXISTS (SELECT 1 FROM ${jobs} AS j WITH (UPDLOCK, HOLDLOCK, FORCESEEK)
-                       WHERE j.[Queue] = i.[Queue] AND j.[IdempotencyKey] = i.[IdempotencyKey]
-                         AND j.[IdempotencyKey] IS NOT NULL));
-SELECT i.[Ord], CAST(COALESCE(n.[Id], e.[Id]) AS varchar(20)) AS [Id], CAST(CASE WHEN n.[Id] IS NULL THEN 0 ELSE 1 END AS bit) AS [Created]
+DECLARE @resource nvarchar(255), @lock int, @refused nvarchar(2048), @seq int = 1, @lockCount int;
+INSERT INTO @keys ([Queue], [IdempotencyKey], [Ord])
+SELECT f.[Queue], f.[IdempotencyKey], f.[Ord]
+FROM (SELECT [Queue], [IdempotencyKey], [Ord],
+             ROW_NUMBER() OVER (PARTITION BY [Queue], [IdempotencyKey] ORDER BY [Ord]) AS [Nth]
+      FROM @jobs WHERE [IdempotencyKey] IS NOT NULL) AS f
+WHERE f.[Nth] = 1;
+INSERT INTO @locks ([Seq], [Resource])
+SELECT ROW_NUMBER() OVER (ORDER BY r.[Resource]), r.[Resource]
+FROM (SELECT DISTINCT ${keyLockResource(schema, 'k.[Queue]', 'k.[IdempotencyKey]')} AS [Resource] FROM @keys AS k) AS r;
+SET @lockCount = @@ROWCOUNT;
+${keyedWork(`  WHILE @seq <= @lockCount
+  BEGIN
+    SET @resource = (SELECT [Resource] FROM @locks WHERE [Seq] = @seq);
+${takeKeyLock('    ')}
+    SET @seq = @seq + 1;
+  END;
+  UPDATE k
+  SET [ExistingId] = (SELECT j.[Id] FROM ${jobs} AS j WITH (READCOMMITTEDLOCK, FORCESEEK)
+                      WHERE j.[Queue] = k.[Queue] AND j.[IdempotencyKey] = k.[IdempotencyKey]
+                        AND j.[IdempotencyKey] IS NOT NULL)
+  FROM @keys AS k;
+  INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
+  OUTPUT inserted.[Id] INTO @inserted ([Id])
+  SELECT @firstId + i.[Ord], i.[Queue], 'ready', i.[Payload], i.[Priority],
+         COALESCE(i.[RunAt], DATEADD(millisecond, CAST(i.[DelayMs] % 1000 AS int), DATEADD(second, CAST(i.[DelayMs] / 1000 AS int), SYSUTCDATETIME()))),
+         i.[GroupKey], i.[IdempotencyKey], COALESCE(i.[MaxAttempts], q.[MaxAttempts], i.[DefaultMaxAttempts])
+  FROM @jobs AS i
+  LEFT JOIN @keys AS k ON k.[Queue] = i.[Queue] AND k.[IdempotencyKey] = i.[IdempotencyKey]
+  LEFT JOIN ${settings} AS q ON q.[Queue] = i.[Queue]
+  WHERE i.[IdempotencyKey] IS NULL OR (k.[Ord] = i.[Ord] AND k.[ExistingId] IS NULL);`)}
+SELECT i.[Ord],
+       CAST(CASE WHEN n.[Id] IS NOT NULL THEN n.[Id] WHEN k.[ExistingId] IS NOT NULL THEN k.[ExistingId]
+                 ELSE @firstId + k.[Ord] END AS varchar(20)) AS [Id],
+       CAST(CASE WHEN n.[Id] IS NULL THEN 0 ELSE 1 END AS bit) AS [Created]
 FROM @jobs AS i
 LEFT JOIN @inserted AS n ON n.[Id] = @firstId + i.[Ord]
-OUTER APPLY (SELECT TOP (1) j.[Id] FROM ${jobs} AS j
-             WHERE n.[Id] IS NULL AND j.[Queue] = i.[Queue] AND j.[IdempotencyKey] = i.[IdempotencyKey]) AS e
+LEFT JOIN @keys AS k ON k.[Queue] = i.[Queue] AND k.[IdempotencyKey] = i.[IdempotencyKey]
 ORDER BY i.[Ord];`,
 
     // @queue, @maxAttempts: insert or update one queue's setting. The UPDATE's UPDLOCK + HOLDLOCK

@@ -39,7 +39,13 @@ import {
   mssqlReadVersion,
   mssqlRecordVersion,
 } from './mssql.migrations.js';
-import { MSSQL_OPEN_TRANSACTION, MSSQL_TABLE_TYPES, mssqlQueries, type MssqlQueries } from './mssql.queries.js';
+import {
+  MSSQL_CALLER_TRANSACTION_GONE,
+  MSSQL_OPEN_TRANSACTION,
+  MSSQL_TABLE_TYPES,
+  mssqlQueries,
+  type MssqlQueries,
+} from './mssql.queries.js';
 
 const LOCK_CONFLICT_RETRIES = 3;
 /**
@@ -56,6 +62,8 @@ const LOCK_CONFLICT_RETRIES = 3;
 const SET_BATCH = 4_000;
 const MIGRATION_LOCK_TIMEOUT_MS = 120_000;
 const IDEMPOTENT_ENQUEUE_ROUNDS = 3;
+/** Cannot insert a duplicate key: 2601 (unique index, UX_Jobs_Idempotency), 2627 (constraint). */
+const DUPLICATE_KEY = new Set([2601, 2627]);
 /** Offsets are split into int seconds by the SQL, so this is the largest that fits (~68 years). */
 const MAX_OFFSET_MS = INT_MAX * 1000;
 
@@ -126,40 +134,45 @@ export class MssqlQueueStore implements QueueStore {
     return Number(result.recordset?.[0]?.Version ?? 0);
   }
 
+  /**
+   * One statement per call (enqueueOne for a single job). In autocommit the statement runs in a
+   * transaction of its own; a duplicate-key error can then only come from a writer that does not
+   * take the key lock (an instance of an older version during a rolling upgrade, or the
+   * application's own insert), and the statement was rolled back whole: it is run again, and
+   * its existence check now finds the other writer's committed job (created: false). In the
+   * caller's transaction every error is the caller's to handle.
+   */
   async enqueue(jobs: readonly NewJob[], transaction?: unknown): Promise<EnqueueResult[]> {
     if (jobs.length === 0) return [];
     const callerTransaction = transaction === undefined ? null : asCallerTransaction(transaction);
-    const results: (EnqueueResult | undefined)[] = new Array(jobs.length);
-    let pending = jobs.map((job, ord) => ({ job, ord }));
-    for (let round = 0; pending.length > 0 && round < IDEMPOTENT_ENQUEUE_ROUNDS; round++) {
-      const batch = pending;
-      const rows =
-        batch.length === 1
-          ? (
-              await this.run<{ Id: string | null; Created: boolean }>(
-                'enqueueOne',
-                bindOne(batch[0]!.job),
+    const keyed = jobs.some((job) => job.idempotencyKey !== null);
+    for (let round = 1; ; round++) {
+      try {
+        const rows =
+          jobs.length === 1
+            ? (
+                await this.run<{ Id: string; Created: boolean }>(
+                  'enqueueOne',
+                  (request) => bindOne(jobs[0]!)(request.input('inTransaction', sql.Bit, callerTransaction !== null)),
+                  callerTransaction,
+                )
+              ).map((row) => ({ ...row, Ord: 0 }))
+            : await this.run<{ Ord: number; Id: string; Created: boolean }>(
+                'enqueueMany',
+                (request) =>
+                  request
+                    .input('jobs', this.jobInputTable(jobs))
+                    .input('inTransaction', sql.Bit, callerTransaction !== null),
                 callerTransaction,
-              )
-            ).map((row) => ({ ...row, Ord: 0 }))
-          : await this.run<{ Ord: number; Id: string | null; Created: boolean }>(
-              'enqueueMany',
-              (request) => request.input('jobs', this.jobInputTable(batch.map(({ job }) => job))),
-              callerTransaction,
-            );
-      pending = [];
-      const answered = new Set<number>();
-      for (const row of rows) {
-        const item = batch[row.Ord]!;
-        answered.add(row.Ord);
-        // A null id: the conflicting job was deleted between our insert and our lookup.
-        if (row.Id === null) pending.push(item);
-        else results[item.ord] = { jobId: row.Id, created: Boolean(row.Created) };
+              );
+        const results: EnqueueResult[] = new Array(jobs.length);
+        for (const row of rows) results[row.Ord] = { jobId: row.Id, created: Boolean(row.Created) };
+        return results;
+      } catch (error) {
+        const duplicateKey = DUPLICATE_KEY.has(errorNumber(error) ?? 0);
+        if (!duplicateKey || !keyed || callerTransaction || round >= IDEMPOTENT_ENQUEUE_ROUNDS) throw error;
       }
-      for (let ord = 0; ord < batch.length; ord++) if (!answered.has(ord)) pending.push(batch[ord]!);
     }
-    if (pending.length > 0) throw new Error('idempotent enqueue did not settle: keys kept being deleted');
-    return results as EnqueueResult[];
   }
 
   private jobInputTable(jobs: readonly NewJob[]): sql.Table {
@@ -462,6 +475,12 @@ export class MssqlQueueStore implements QueueStore {
         if (errorNumber(error) === MSSQL_OPEN_TRANSACTION) {
           throw new SqlQueueTransactionError(
             `${name} refused: the store's connection has an open transaction (left open on a shared pool?); the store runs ${name} in autocommit so its locks end with the statement`,
+            { cause: error },
+          );
+        }
+        if (errorNumber(error) === MSSQL_CALLER_TRANSACTION_GONE) {
+          throw new SqlQueueTransactionError(
+            'enqueue refused: the transaction passed in is no longer open on the server (an earlier error rolled it back?); the job would have committed without your work',
             { cause: error },
           );
         }
