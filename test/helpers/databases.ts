@@ -4,8 +4,13 @@ import pg from 'pg';
 /** The local PostgreSQL every CI run has; override with SQLQUEUE_PG_URL. */
 export const PG_URL = process.env.SQLQUEUE_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 
-/** A SQL Server to run the same contract against; absent on our CI machines. */
+/**
+ * SQL Server, absent on most machines (`npm run test:mssql` needs both): a database with
+ * READ_COMMITTED_SNAPSHOT off (the SQL Server default) and one with it on (the Azure SQL
+ * default), on the same server or not. See README, "Running the contract suite against SQL Server".
+ */
 export const MSSQL_URL = process.env.SQLQUEUE_MSSQL_URL ?? '';
+export const MSSQL_RCSI_URL = process.env.SQLQUEUE_MSSQL_RCSI_URL ?? '';
 
 /** Each test file works in its own schema, so files can run in parallel against one database. */
 export function uniqueSchema(prefix: string): string {

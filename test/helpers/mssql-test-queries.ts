@@ -1,0 +1,266 @@
+import { quoteMssqlIdentifier } from '../../lib/src/store/mssql/mssql.identifiers.js';
+
+/**
+ * Every T-SQL statement the SQL Server tests send themselves (the store's own are in
+ * lib/src/store/mssql), one function each, so that test/unit/tsql-grammar.spec.ts parses all
+ * of them: none of this runs on the machines without SQL Server, where that gate is the only
+ * check they get. Values are parameters; only schema names (validated by the store's rule)
+ * are spliced in, bracket-quoted.
+ *
+ * Loaded by the worker processes too (test/workers), so it imports nothing from vitest.
+ */
+
+const JOBS = (schema: string) => `${quoteMssqlIdentifier(schema)}.[Jobs]`;
+
+/** The database a connection is in, and the row-versioning settings the suite depends on. */
+export const DATABASE_SETTINGS = `SELECT DB_NAME() AS [Database],
+  CAST(d.[is_read_committed_snapshot_on] AS int) AS [ReadCommittedSnapshot],
+  d.[snapshot_isolation_state_desc] AS [SnapshotIsolation],
+  CAST(SERVERPROPERTY('ProductVersion') AS nvarchar(128)) AS [ProductVersion]
+FROM sys.databases AS d
+WHERE d.[database_id] = DB_ID();`;
+
+/** Whether this login may read the lock and extended-event DMVs. */
+export const VIEW_SERVER_STATE = `SELECT HAS_PERMS_BY_NAME(NULL, NULL, N'VIEW SERVER STATE') AS [Granted];`;
+
+/** The session a request ran on, its open transactions and its IMPLICIT_TRANSACTIONS bit. */
+export const SESSION_STATE = `SELECT @@SPID AS [Spid], @@TRANCOUNT AS [TranCount], @@OPTIONS & 2 AS [ImplicitTransactions];`;
+
+/**
+ * Session state an application can leave on a pooled connection. Sent with `batch()` (a plain
+ * SQL batch), so it outlives the request: inside sp_executesql it would revert at once.
+ */
+export const LEAVE_ROWCOUNT_1 = 'SET ROWCOUNT 1;';
+export const LEAVE_IMPLICIT_TRANSACTIONS = 'SET IMPLICIT_TRANSACTIONS ON;';
+export const LEAVE_SNAPSHOT_ISOLATION = 'SET TRANSACTION ISOLATION LEVEL SNAPSHOT;';
+
+/** Two rows from no table: one comes back while SET ROWCOUNT 1 is in force. */
+export const ROWCOUNT_PROBE = 'SELECT t.[V] FROM (VALUES (1), (2)) AS t([V]);';
+
+/** Cleanup for a test connection that a broken store left inside a transaction. */
+export const ROLLBACK_LEFTOVER = 'IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;';
+
+/** The locks session @spid holds or waits for in this database, named where they are on a row or index. */
+export const LOCKS_OF_SESSION = `SELECT l.[resource_type] AS [ResourceType], l.[request_mode] AS [Mode], l.[request_status] AS [Status],
+  l.[resource_description] AS [Resource], OBJECT_NAME(p.[object_id]) AS [Object], i.[name] AS [Index]
+FROM sys.dm_tran_locks AS l
+LEFT JOIN sys.partitions AS p
+  ON l.[resource_type] IN ('KEY', 'PAGE', 'RID', 'HOBT') AND p.[hobt_id] = l.[resource_associated_entity_id]
+LEFT JOIN sys.indexes AS i ON i.[object_id] = p.[object_id] AND i.[index_id] = p.[index_id]
+WHERE l.[request_session_id] = @spid AND l.[resource_database_id] = DB_ID() AND l.[resource_type] <> 'DATABASE'
+ORDER BY l.[resource_type], l.[request_mode], l.[resource_description];`;
+
+/**
+ * The queue's jobs that no one holds a lock on (READPAST skips locked rows; READCOMMITTEDLOCK
+ * makes that legal where READ_COMMITTED_SNAPSHOT is on). Never waits.
+ */
+export function unlockedJobs(schema: string): string {
+  return `SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+SELECT COUNT_BIG(*) AS [Unlocked] FROM ${JOBS(schema)} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue;`;
+}
+
+/**
+ * The claim's hints plus ROWLOCK, as NServiceBus and Orleans ship them: the table-hints page
+ * allows one hint per granularity group, and READCOMMITTEDLOCK and ROWLOCK share one. Whether
+ * SQL Server accepts the set anyway is what running this settles (review, "Table hints").
+ */
+export function claimHintsWithRowlock(schema: string): string {
+  return `SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+SELECT TOP (1) [Id] FROM ${JOBS(schema)} WITH (UPDLOCK, READPAST, READCOMMITTEDLOCK, ROWLOCK) WHERE [State] = 'ready';`;
+}
+
+/** A read inside a SNAPSHOT transaction: the snapshot starts at its first data access, not at BEGIN. */
+export function startSnapshot(schema: string): string {
+  return `SELECT COUNT_BIG(*) AS [Jobs] FROM ${JOBS(schema)};`;
+}
+
+/** Records a newer schema version, as a future release of the library would. */
+export function bumpSchemaVersion(schema: string): string {
+  return `INSERT INTO ${quoteMssqlIdentifier(schema)}.[SchemaVersion] ([Version], [Description]) VALUES (@version, N'from the future');`;
+}
+
+/** Around a statement: each statement after ON returns its actual plan as one more result set. */
+export const STATISTICS_XML_ON = 'SET STATISTICS XML ON;';
+export const STATISTICS_XML_OFF = 'SET STATISTICS XML OFF;';
+
+/**
+ * Marks every cached plan that reads @table (a quoted two-part name) for recompilation, so the
+ * next call compiles for the data as it is now, not as it was when an earlier call ran.
+ */
+export const RECOMPILE_PLANS_OF_TABLE = 'EXEC sys.sp_recompile @objname = @table;';
+
+/** The filtered indexes on a table (@table: a quoted two-part name), with each one's leading key column. */
+export const FILTERED_INDEXES = `SELECT i.[name] AS [Index], i.[filter_definition] AS [Filter], c.[name] AS [LeadingKey]
+FROM sys.indexes AS i
+INNER JOIN sys.index_columns AS ic
+  ON ic.[object_id] = i.[object_id] AND ic.[index_id] = i.[index_id] AND ic.[key_ordinal] = 1
+INNER JOIN sys.columns AS c ON c.[object_id] = ic.[object_id] AND c.[column_id] = ic.[column_id]
+WHERE i.[object_id] = OBJECT_ID(@table) AND i.[has_filter] = 1
+ORDER BY i.[name];`;
+
+/**
+ * The deadlock reports in the system_health session's ring buffer, with their timestamps (UTC,
+ * ISO 8601) as text: the caller filters by time. Filtered to xml_deadlock_report server-side,
+ * so only those events cross the wire.
+ */
+export const DEADLOCK_REPORTS = `SELECT x.e.value('@timestamp', 'nvarchar(40)') AS [At], CAST(x.e.query('.') AS nvarchar(max)) AS [Report]
+FROM (
+  SELECT CAST(t.[target_data] AS xml) AS [Data]
+  FROM sys.dm_xe_session_targets AS t
+  INNER JOIN sys.dm_xe_sessions AS s ON s.[address] = t.[event_session_address]
+  WHERE s.[name] = N'system_health' AND t.[target_name] = N'ring_buffer'
+) AS rb
+CROSS APPLY rb.[Data].nodes('RingBufferTarget/event[@name="xml_deadlock_report"]') AS x(e);`;
+
+/** Two rows two sessions update in opposite orders: a deadlock the test causes on purpose. */
+export function createDeadlockCanary(schema: string): string {
+  const table = `${quoteMssqlIdentifier(schema)}.[DeadlockCanary]`;
+  return `CREATE TABLE ${table} ([Id] int NOT NULL CONSTRAINT [PK_DeadlockCanary] PRIMARY KEY, [Touches] int NOT NULL);
+INSERT INTO ${table} ([Id], [Touches]) VALUES (1, 0), (2, 0);`;
+}
+
+export function touchDeadlockCanary(schema: string): string {
+  return `UPDATE ${quoteMssqlIdentifier(schema)}.[DeadlockCanary] SET [Touches] = [Touches] + 1 WHERE [Id] = @id;`;
+}
+
+/** Makes this session the one SQL Server picks as the victim of a deadlock it is part of. */
+export const VOLUNTEER_AS_DEADLOCK_VICTIM = 'SET DEADLOCK_PRIORITY LOW;';
+
+// ---- the failure drills' idempotent receiver (see test/workers/nest-worker.ts) ----------
+
+/** The receiver's tables, in the queue's schema; the schema drop removes them with it. */
+export function createEffectTables(schema: string): string {
+  const s = quoteMssqlIdentifier(schema);
+  return `CREATE TABLE ${s}.[Effects] (
+  [IdempotencyKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL CONSTRAINT [PK_Effects] PRIMARY KEY,
+  [JobId] bigint NOT NULL,
+  [Pid] int NOT NULL,
+  [At] datetime2(3) NOT NULL CONSTRAINT [DF_Effects_At] DEFAULT (SYSUTCDATETIME())
+);
+CREATE TABLE ${s}.[Runs] (
+  [Seq] bigint IDENTITY(1, 1) NOT NULL CONSTRAINT [PK_Runs] PRIMARY KEY,
+  [JobId] bigint NOT NULL,
+  [Pid] int NOT NULL,
+  [Attempt] int NOT NULL,
+  [At] datetime2(3) NOT NULL CONSTRAINT [DF_Runs_At] DEFAULT (SYSUTCDATETIME())
+);
+CREATE TABLE ${s}.[EffectWrites] (
+  [Seq] bigint IDENTITY(1, 1) NOT NULL CONSTRAINT [PK_EffectWrites] PRIMARY KEY,
+  [IdempotencyKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [JobId] bigint NOT NULL,
+  [Pid] int NOT NULL,
+  [Attempt] int NOT NULL,
+  [Applied] bit NOT NULL,
+  [At] datetime2(3) NOT NULL CONSTRAINT [DF_EffectWrites_At] DEFAULT (SYSUTCDATETIME())
+);`;
+}
+
+/** @jobId, @pid, @attempt: one handler start. */
+export function recordRun(schema: string): string {
+  return `INSERT INTO ${quoteMssqlIdentifier(schema)}.[Runs] ([JobId], [Pid], [Attempt]) VALUES (@jobId, @pid, @attempt);`;
+}
+
+/**
+ * @key, @jobId, @pid, @attempt: the business effect, at most once per key, and the log of this
+ * attempt to write it, committed together. UPDLOCK + HOLDLOCK serialize two writers of one key.
+ */
+export function writeEffect(schema: string): string {
+  const s = quoteMssqlIdentifier(schema);
+  return `SET XACT_ABORT ON;
+DECLARE @applied bit = 0;
+BEGIN TRANSACTION;
+INSERT INTO ${s}.[Effects] ([IdempotencyKey], [JobId], [Pid])
+SELECT @key, @jobId, @pid
+WHERE NOT EXISTS (SELECT 1 FROM ${s}.[Effects] WITH (UPDLOCK, HOLDLOCK) WHERE [IdempotencyKey] = @key);
+IF @@ROWCOUNT = 1 SET @applied = 1;
+INSERT INTO ${s}.[EffectWrites] ([IdempotencyKey], [JobId], [Pid], [Attempt], [Applied])
+VALUES (@key, @jobId, @pid, @attempt, @applied);
+COMMIT TRANSACTION;
+SELECT @applied AS [Applied];`;
+}
+
+/** @id: the raw job row, named as the PostgreSQL drills read it, token and all. */
+export function drillJobRow(schema: string): string {
+  return `SELECT [State] AS [state], [Attempts] AS [attempts], LOWER(CAST([ClaimToken] AS char(36))) AS [claim_token],
+  [LeaseUntil] AS [lease_until], [WorkerId] AS [worker_id], [ClaimedAt] AS [claimed_at], [FinishedAt] AS [finished_at],
+  [LastError] AS [last_error]
+FROM ${JOBS(schema)} WHERE [Id] = @id;`;
+}
+
+/** @jobId: every start of the job's handler, in order. */
+export function runsOfJob(schema: string): string {
+  return `SELECT [Pid] AS [pid], [Attempt] AS [attempt] FROM ${quoteMssqlIdentifier(schema)}.[Runs] WHERE [JobId] = @jobId ORDER BY [Seq];`;
+}
+
+/** @key: every attempt to write the key's effect, in order, and whether it was applied. */
+export function effectWritesOfKey(schema: string): string {
+  return `SELECT [Pid] AS [pid], [Applied] AS [applied] FROM ${quoteMssqlIdentifier(schema)}.[EffectWrites] WHERE [IdempotencyKey] = @key ORDER BY [Seq];`;
+}
+
+/** @key: the process that applied the key's effect. */
+export function effectOfKey(schema: string): string {
+  return `SELECT [Pid] AS [pid] FROM ${quoteMssqlIdentifier(schema)}.[Effects] WHERE [IdempotencyKey] = @key;`;
+}
+
+/** Six result sets: totals, jobs not done, keys without effect, keys with two, stray effects, re-run jobs. */
+export function effectsReport(schema: string): string {
+  const s = quoteMssqlIdentifier(schema);
+  const key = (alias: string) => `COALESCE(${alias}.[IdempotencyKey], CONCAT(N'job-', ${alias}.[Id]))`;
+  return `SELECT (SELECT COUNT(*) FROM ${s}.[Jobs]) AS [jobs],
+  (SELECT COUNT(*) FROM ${s}.[Jobs] WHERE [State] = 'done') AS [done],
+  (SELECT COUNT(*) FROM ${s}.[Effects]) AS [effects],
+  (SELECT COUNT(*) FROM ${s}.[Runs]) AS [runs],
+  (SELECT COUNT(*) FROM ${s}.[EffectWrites] WHERE [Applied] = 0) AS [refused];
+SELECT TOP (50) CAST([Id] AS varchar(20)) AS [id], [State] AS [state], [IdempotencyKey] AS [key]
+FROM ${s}.[Jobs] WHERE [State] <> 'done' ORDER BY [Id];
+SELECT TOP (50) ${key('j')} AS [key] FROM ${s}.[Jobs] AS j
+WHERE NOT EXISTS (SELECT 1 FROM ${s}.[Effects] AS e WHERE e.[IdempotencyKey] = ${key('j')})
+ORDER BY j.[Id];
+SELECT TOP (50) [IdempotencyKey] AS [key] FROM ${s}.[Effects] GROUP BY [IdempotencyKey] HAVING COUNT(*) > 1;
+SELECT COUNT(*) AS [n] FROM ${s}.[Effects] AS e
+WHERE NOT EXISTS (SELECT 1 FROM ${s}.[Jobs] AS j WHERE ${key('j')} = e.[IdempotencyKey]);
+SELECT COUNT(*) AS [n] FROM (SELECT [JobId] FROM ${s}.[Runs] GROUP BY [JobId] HAVING COUNT(*) > 1) AS r;`;
+}
+
+/** The database clock, UTC (what extended-event timestamps are in). */
+export const DATABASE_CLOCK = 'SELECT SYSUTCDATETIME() AS [Now];';
+
+/** @since datetime2(3), @ms int: whether the database clock is past since + ms. */
+export const CLOCK_PAST = `SELECT CAST(CASE WHEN SYSUTCDATETIME() > DATEADD(millisecond, @ms, @since) THEN 1 ELSE 0 END AS bit) AS [Past];`;
+
+/** Every statement above, named, for the grammar gate. */
+export function everyTestStatement(schema: string): [string, string][] {
+  return [
+    ['database settings', DATABASE_SETTINGS],
+    ['view server state', VIEW_SERVER_STATE],
+    ['session state', SESSION_STATE],
+    ['leave rowcount 1', LEAVE_ROWCOUNT_1],
+    ['leave implicit transactions', LEAVE_IMPLICIT_TRANSACTIONS],
+    ['leave snapshot isolation', LEAVE_SNAPSHOT_ISOLATION],
+    ['rowcount probe', ROWCOUNT_PROBE],
+    ['rollback leftover', ROLLBACK_LEFTOVER],
+    ['locks of session', LOCKS_OF_SESSION],
+    ['unlocked jobs', unlockedJobs(schema)],
+    ['claim hints with rowlock', claimHintsWithRowlock(schema)],
+    ['start snapshot', startSnapshot(schema)],
+    ['bump schema version', bumpSchemaVersion(schema)],
+    ['statistics xml on', STATISTICS_XML_ON],
+    ['statistics xml off', STATISTICS_XML_OFF],
+    ['recompile plans of table', RECOMPILE_PLANS_OF_TABLE],
+    ['filtered indexes', FILTERED_INDEXES],
+    ['deadlock reports', DEADLOCK_REPORTS],
+    ['create deadlock canary', createDeadlockCanary(schema)],
+    ['touch deadlock canary', touchDeadlockCanary(schema)],
+    ['volunteer as deadlock victim', VOLUNTEER_AS_DEADLOCK_VICTIM],
+    ['create effect tables', createEffectTables(schema)],
+    ['record run', recordRun(schema)],
+    ['write effect', writeEffect(schema)],
+    ['drill job row', drillJobRow(schema)],
+    ['runs of job', runsOfJob(schema)],
+    ['effect writes of key', effectWritesOfKey(schema)],
+    ['effect of key', effectOfKey(schema)],
+    ['effects report', effectsReport(schema)],
+    ['database clock', DATABASE_CLOCK],
+    ['clock past', CLOCK_PAST],
+  ];
+}
