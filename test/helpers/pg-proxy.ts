@@ -1,5 +1,5 @@
 import net from 'node:net';
-import { listenOnFreePort, urlThrough } from './tcp-proxy.js';
+import { WireProxy } from './tcp-proxy.js';
 import { deferred } from './wait-for.js';
 
 /**
@@ -96,37 +96,19 @@ function firstTextParam(body: Buffer, offset: number): string | null {
   return length < 0 ? null : body.toString('utf8', offset + 4, offset + 4 + length);
 }
 
-export class PgProxy {
+export class PgProxy extends WireProxy {
   readonly statements: StatementRecord[] = [];
   /** When each client connection was accepted (reconnect storms show here). */
   readonly connectionsOpened: number[] = [];
-  private readonly sockets = new Set<net.Socket>();
   private readonly interceptors: Interceptor[] = [];
   private nextConnection = 1;
 
-  private constructor(
-    private readonly server: net.Server,
-    private readonly target: { host: string; port: number },
-  ) {
-    server.on('connection', (client) => this.accept(client));
-  }
-
   /** Listens on a free local port and forwards to the server named in `url`. */
-  static async start(url: string): Promise<PgProxy> {
+  static start(url: string): Promise<PgProxy> {
     const parsed = new URL(url);
-    const server = net.createServer();
-    const proxy = new PgProxy(server, { host: parsed.hostname, port: Number(parsed.port || 5432) });
-    await listenOnFreePort(server);
-    return proxy;
-  }
-
-  get port(): number {
-    return (this.server.address() as net.AddressInfo).port;
-  }
-
-  /** `url` with its host and port pointing at this proxy. */
-  urlFor(url: string): string {
-    return urlThrough(url, this.port);
+    return WireProxy.listen(
+      (server) => new PgProxy(server, { host: parsed.hostname, port: Number(parsed.port || 5432) }),
+    );
   }
 
   /** Executions of statements whose name ends with `suffix` (e.g. '_claim'), optionally in a window. */
@@ -150,27 +132,9 @@ export class PgProxy {
     return held.promise;
   }
 
-  async close(): Promise<void> {
-    for (const socket of this.sockets) socket.destroy();
-    await new Promise<void>((resolve) => this.server.close(() => resolve()));
-  }
-
-  private accept(client: net.Socket): void {
+  protected relay(client: net.Socket, upstream: net.Socket, cut: () => void): void {
     const id = this.nextConnection++;
     this.connectionsOpened.push(Date.now());
-    const upstream = net.connect(this.target.port, this.target.host);
-    this.sockets.add(client);
-    this.sockets.add(upstream);
-    const forget = (socket: net.Socket) => () => {
-      this.sockets.delete(socket);
-      // Either side ending ends the pair, as a real network path would.
-      client.destroy();
-      upstream.destroy();
-    };
-    client.on('close', forget(client));
-    upstream.on('close', forget(upstream));
-    client.on('error', () => undefined);
-    upstream.on('error', () => undefined);
 
     const parsed = new Map<string, string>();
     let withholding: { serverDone: () => void } | null = null;
@@ -204,15 +168,7 @@ export class PgProxy {
         const [interceptor] = this.interceptors.splice(index, 1);
         const done = deferred<void>();
         withholding = { serverDone: done.resolve };
-        interceptor!.resolve({
-          connection: id,
-          statement: record,
-          serverDone: done.promise,
-          cut: () => {
-            client.destroy();
-            upstream.destroy();
-          },
-        });
+        interceptor!.resolve({ connection: id, statement: record, serverDone: done.promise, cut });
       },
       (code) => {
         if (code === SSL_REQUEST || code === GSSENC_REQUEST) bareBytes++;

@@ -112,3 +112,63 @@ export class TcpProxy {
     upstream.pipe(client);
   }
 }
+
+/**
+ * The plumbing shared by the proxies that read a database's wire protocol as it passes
+ * (PgProxy, TdsProxy): a server on a free local port, and every accepted connection paired
+ * with one to the database; either side ending ends both, as a real network path would.
+ * Subclasses read the two byte streams in `relay`.
+ */
+export abstract class WireProxy {
+  private readonly sockets = new Set<net.Socket>();
+
+  protected constructor(
+    private readonly server: net.Server,
+    private readonly target: { host: string; port: number },
+  ) {
+    server.on('connection', (client) => this.pair(client));
+  }
+
+  /** Starts a subclass on a free port of 127.0.0.1. */
+  protected static async listen<P extends WireProxy>(create: (server: net.Server) => P): Promise<P> {
+    const server = net.createServer();
+    const proxy = create(server);
+    await listenOnFreePort(server);
+    return proxy;
+  }
+
+  get port(): number {
+    return (this.server.address() as net.AddressInfo).port;
+  }
+
+  /** `url` with its host and port pointing at this proxy. */
+  urlFor(url: string): string {
+    return urlThrough(url, this.port);
+  }
+
+  async close(): Promise<void> {
+    for (const socket of this.sockets) socket.destroy();
+    await new Promise<void>((resolve) => this.server.close(() => resolve()));
+  }
+
+  /** Forwards (or withholds) the bytes of one connection pair; `cut` closes both sides. */
+  protected abstract relay(client: net.Socket, upstream: net.Socket, cut: () => void): void;
+
+  private pair(client: net.Socket): void {
+    const upstream = net.connect(this.target.port, this.target.host);
+    this.sockets.add(client);
+    this.sockets.add(upstream);
+    const cut = () => {
+      client.destroy();
+      upstream.destroy();
+    };
+    for (const socket of [client, upstream]) {
+      socket.on('error', () => undefined);
+      socket.on('close', () => {
+        this.sockets.delete(socket);
+        cut();
+      });
+    }
+    this.relay(client, upstream, cut);
+  }
+}
