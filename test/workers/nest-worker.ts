@@ -7,16 +7,16 @@
  * graceful shutdown, 'release' to let a gated handler finish, or kills the process.
  *
  * Business effects go through an idempotent receiver, as a user would write one: a table
- * keyed by the job's idempotency key, written with ON CONFLICT DO NOTHING. A second table
- * logs every handler start, so tests can tell "ran twice" from "had two effects", and a third
- * logs every attempt to write the effect (in the same statement as the effect itself), so a
- * drill can show the receiver refusing a repeat.
+ * keyed by the job's idempotency key, written at most once per key. A second table logs every
+ * handler start, so tests can tell "ran twice" from "had two effects", and a third logs every
+ * attempt to write the effect (committed with the effect itself), so a drill can show the
+ * receiver refusing a repeat. See effects-receiver.ts; the queue and the receiver are on
+ * PostgreSQL or on SQL Server (`dialect`).
  */
 import 'reflect-metadata';
 import { Injectable, Logger, Module, type LoggerService } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { ScheduleModule } from '@nestjs/schedule';
-import pg from 'pg';
 import {
   QueueHandler,
   SqlQueueModule,
@@ -24,6 +24,7 @@ import {
   type QueueEventListener,
   type QueueJobHandler,
 } from '../../lib/src/index.js';
+import { openEffectsReceiver } from './effects-receiver.js';
 
 /**
  * - 'normal': run, write the effect, return;
@@ -37,6 +38,8 @@ export type WorkerMode = 'normal' | 'hang' | 'hang-after-effect' | 'gated';
 
 /** Configuration of one worker process (passed as JSON in argv[2]). */
 export interface WorkerConfig {
+  /** Where the queue and the receiver live (default postgres). */
+  dialect?: 'postgres' | 'mssql';
   url: string;
   schema: string;
   queue: string;
@@ -90,8 +93,7 @@ class LineLogger implements LoggerService {
   verbose() {}
 }
 
-const effects = new pg.Pool({ connectionString: config.url, max: 4 });
-effects.on('error', () => undefined);
+const effects = openEffectsReceiver(config.dialect ?? 'postgres', config.url, config.schema);
 
 /** Releases sent by the parent, possibly before the job's handler got there. */
 const releases = new Map<string, ReleaseMessage>();
@@ -107,28 +109,13 @@ const hangForever = () => new Promise<never>(() => undefined);
 
 async function writeEffect(context: JobContext): Promise<boolean> {
   const key = context.idempotencyKey ?? `job-${context.jobId}`;
-  // One statement, so the effect and its log row commit together even if the process dies.
-  const result = await effects.query<{ applied: boolean }>(
-    `WITH applied AS (
-       INSERT INTO "${config.schema}".effects (idempotency_key, job_id, pid) VALUES ($1, $2, $3)
-       ON CONFLICT (idempotency_key) DO NOTHING RETURNING 1
-     )
-     INSERT INTO "${config.schema}".effect_writes (idempotency_key, job_id, pid, attempt, applied)
-     SELECT $1, $2, $3, $4, EXISTS (SELECT 1 FROM applied)
-     RETURNING applied`,
-    [key, context.jobId, process.pid, context.attempt],
-  );
-  const applied = result.rows[0]?.applied === true;
+  const applied = await effects.writeEffect(key, context.jobId, process.pid, context.attempt);
   send({ type: 'effected', jobId: context.jobId, applied });
   return applied;
 }
 
 async function handle(payload: { n: number }, context: JobContext): Promise<void> {
-  await effects.query(`INSERT INTO "${config.schema}".runs (job_id, pid, attempt) VALUES ($1, $2, $3)`, [
-    context.jobId,
-    process.pid,
-    context.attempt,
-  ]);
+  await effects.recordRun(context.jobId, process.pid, context.attempt);
   send({ type: 'started', jobId: context.jobId, attempt: context.attempt, n: payload.n, queue: context.queue });
   const mode = config.mode ?? 'normal';
   if (mode === 'hang') await hangForever();
@@ -183,7 +170,10 @@ function forwardingListener(): QueueEventListener {
   imports: [
     ScheduleModule.forRoot(),
     SqlQueueModule.forRoot({
-      connection: { dialect: 'postgres', url: config.url, poolSize: 6 },
+      connection:
+        config.dialect === 'mssql'
+          ? { dialect: 'mssql', url: config.url, poolSize: 6 }
+          : { dialect: 'postgres', url: config.url, poolSize: 6 },
       schema: config.schema,
       reaper: { intervalMs: config.reaperIntervalMs ?? 500 },
       consumer: {
@@ -213,7 +203,7 @@ async function main(): Promise<void> {
     if (message?.type !== 'stop') return;
     void app
       .close()
-      .then(() => effects.end())
+      .then(() => effects.close())
       .then(() => process.exit(0));
   });
 }
