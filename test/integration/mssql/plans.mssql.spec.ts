@@ -1,0 +1,221 @@
+/**
+ * Plan evidence for the hot statements (review 2026-12-01, P1 and P3; test plan items 6 and
+ * 8): with 100,000 finished jobs in the table, the actual execution plans of the claim, the
+ * reaper and stats() read their filtered indexes with a seek, sort nothing, and never scan
+ * the clustered index, where history accumulates.
+ *
+ * The statements are the store's own: each is captured as the store sends it (text and bound
+ * parameters, through a pool the store shares), then run again on a connection with
+ * SET STATISTICS XML ON, which returns each statement's actual plan as one more result set.
+ */
+import sql from 'mssql';
+import { afterAll, beforeAll, expect, it } from 'vitest';
+import type { QueueStore } from '../../../lib/src/core/queue-store.js';
+import type { ClaimedJob } from '../../../lib/src/core/types.js';
+import { prepareJob } from '../../../lib/src/core/validation.js';
+import { createMssqlStore } from '../../../lib/src/store/mssql/mssql.connect.js';
+import { quoteMssqlIdentifier } from '../../../lib/src/store/mssql/mssql.identifiers.js';
+import { uniqueSchema } from '../../helpers/databases.js';
+import { dropMssqlSchema, mssqlRows, openMssqlPool } from '../../helpers/mssql.js';
+import {
+  FILTERED_INDEXES,
+  RECOMPILE_PLANS_OF_TABLE,
+  STATISTICS_XML_OFF,
+  STATISTICS_XML_ON,
+} from '../../helpers/mssql-test-queries.js';
+import {
+  describePlan,
+  operatorsOn,
+  planOperators,
+  statementPlans,
+  type StatementPlan,
+} from '../../helpers/showplan.js';
+import { waitFor } from '../../helpers/wait-for.js';
+import { describeEachMssqlDatabase } from './mssql-databases.js';
+
+const HISTORY = 100_000;
+const READY = 5_000;
+const LEASED = 200;
+const EXPIRING = 150;
+const WORKER = 'plans';
+/** Setting up 100,000 finished jobs takes a while on a small CI machine. */
+const SETUP_MS = 600_000;
+
+/** A statement as the store sent it: its text and its bound parameters (mssql's own records). */
+interface SentStatement {
+  text: string;
+  parameters: sql.Request['parameters'];
+}
+
+/**
+ * Wraps `pool.request()` so that, while `capture` runs some work, every statement sent through
+ * the pool is recorded. The store runs each statement as `pool.request()…query(text)`.
+ */
+function statementRecorder(pool: sql.ConnectionPool) {
+  let recording: SentStatement[] | null = null;
+  const request = pool.request.bind(pool);
+  pool.request = () => {
+    const created = request();
+    const query = created.query.bind(created);
+    created.query = ((text: string) => {
+      recording?.push({ text, parameters: { ...created.parameters } });
+      return query(text);
+    }) as unknown as typeof created.query;
+    return created;
+  };
+  return async function capture(work: () => Promise<unknown>): Promise<SentStatement[]> {
+    recording = [];
+    try {
+      await work();
+      return recording;
+    } finally {
+      recording = null;
+    }
+  };
+}
+
+/** Every showplan document among a result's record sets, read into statement plans. */
+function plansOf(recordsets: sql.IRecordSet<Record<string, unknown>>[]): StatementPlan[] {
+  const plans: StatementPlan[] = [];
+  for (const recordset of recordsets) {
+    const column = Object.keys(recordset.columns ?? {}).find((name) => /showplan/i.test(name));
+    if (column) for (const row of recordset) plans.push(...statementPlans(String(row[column])));
+  }
+  return plans;
+}
+
+describeEachMssqlDatabase('actual plans of the hot statements over 100,000 finished jobs', (db) => {
+  const schema = uniqueSchema('plans');
+  const jobsTable = `${quoteMssqlIdentifier(schema)}.[Jobs]`;
+  const queue = 'plans';
+  let pool: sql.ConnectionPool;
+  let planPool: sql.ConnectionPool;
+  let store: QueueStore;
+  let capture: ReturnType<typeof statementRecorder>;
+
+  const job = (n: number) => prepareJob(queue, { n }, {}, { maxPayloadBytes: 1024, defaultMaxAttempts: 3 });
+  const jobs = (count: number, from: number) => Array.from({ length: count }, (_, i) => job(from + i));
+  const owned = (claimed: ClaimedJob[]) => claimed.map((c) => ({ id: c.id, claimToken: c.claimToken }));
+
+  beforeAll(async () => {
+    pool = await openMssqlPool(db.url, 4);
+    capture = statementRecorder(pool);
+    store = createMssqlStore({ pool }, { schema });
+    await store.migrate('auto');
+
+    // History: finished jobs in the claim's own queue, claimed and completed as workers would.
+    for (let from = 0; from < HISTORY; from += 10_000) await store.enqueue(jobs(10_000, from));
+    for (;;) {
+      const claimed = await store.claim({ queue, limit: 1_000, leaseMs: 600_000, workerId: WORKER });
+      if (claimed.length === 0) break;
+      await store.complete(owned(claimed));
+    }
+    // Live work: leases running, leases expired (for the reaper), and a ready backlog.
+    await store.enqueue(jobs(LEASED + EXPIRING, HISTORY));
+    expect(await store.claim({ queue, limit: LEASED, leaseMs: 600_000, workerId: WORKER })).toHaveLength(LEASED);
+    expect(await store.claim({ queue, limit: EXPIRING, leaseMs: 1, workerId: WORKER })).toHaveLength(EXPIRING);
+    await store.enqueue(jobs(READY, HISTORY + LEASED + EXPIRING));
+    await waitFor(
+      async () => (await store.stats(queue)).expiredLeases,
+      (n) => n === EXPIRING,
+      { what: `${EXPIRING} expired leases` },
+    );
+    expect(await store.stats(queue)).toMatchObject({ ready: READY, leased: LEASED + EXPIRING });
+
+    // Plans compiled during the setup saw another table; the calls under test compile afresh.
+    await mssqlRows(db.url, RECOMPILE_PLANS_OF_TABLE, (r) => r.input('table', sql.NVarChar(776), jobsTable));
+    planPool = await openMssqlPool(db.url, 1);
+  }, SETUP_MS);
+
+  afterAll(async () => {
+    await planPool
+      ?.request()
+      .batch(STATISTICS_XML_OFF)
+      .catch(() => undefined);
+    await planPool?.close();
+    await store?.close();
+    await pool?.close();
+    await dropMssqlSchema(db.url, schema);
+  });
+
+  /** The actual plans of what the store sent during `work`, run again with the same parameters. */
+  async function actualPlans(work: () => Promise<unknown>): Promise<StatementPlan[]> {
+    const sent = await capture(work);
+    expect(sent, 'the store sends one statement for this call').toHaveLength(1);
+    // Per session: set again each time, in case the pool replaced its one connection.
+    await planPool.request().batch(STATISTICS_XML_ON);
+    const replay = planPool.request();
+    Object.assign(replay.parameters, sent[0]!.parameters);
+    const result = await replay.query(sent[0]!.text);
+    return plansOf(result.recordsets as sql.IRecordSet<Record<string, unknown>>[]);
+  }
+
+  /** The one UPDATE of Jobs among a batch's plans (the claim's and the reaper's statement). */
+  function updateOfJobs(plans: StatementPlan[]): StatementPlan {
+    const updates = plans.filter((p) => p.type === 'UPDATE' && operatorsOn(p, schema, 'Jobs').length > 0);
+    expect(updates, plans.map(describePlan).join('\n\n')).toHaveLength(1);
+    return updates[0]!;
+  }
+
+  function expectSeekOn(plan: StatementPlan, index: string): void {
+    const seeks = operatorsOn(plan, schema, 'Jobs').filter(
+      (op) => op.physicalOp === 'Index Seek' && op.objects.some((o) => o.index === index),
+    );
+    expect(seeks.length, `an Index Seek on ${index}\n${describePlan(plan)}`).toBeGreaterThan(0);
+  }
+
+  function expectNoSortNorScan(plan: StatementPlan): void {
+    const text = describePlan(plan);
+    expect(
+      planOperators(plan)
+        .filter((op) => op.physicalOp === 'Sort')
+        .map((op) => op.logicalOp),
+      `no Sort: the index order serves ORDER BY … TOP\n${text}`,
+    ).toEqual([]);
+    expect(
+      operatorsOn(plan, schema, 'Jobs')
+        .filter((op) => /Scan$/.test(op.physicalOp))
+        .map((op) => op.physicalOp),
+      `no scan of Jobs\n${text}`,
+    ).toEqual([]);
+  }
+
+  it('claim: an ordered Index Seek on IX_Jobs_Claim, no Sort, no scan of Jobs', async () => {
+    const plans = await actualPlans(() => store.claim({ queue, limit: 100, leaseMs: 600_000, workerId: WORKER }));
+    const claim = updateOfJobs(plans);
+    expectSeekOn(claim, 'IX_Jobs_Claim');
+    expectNoSortNorScan(claim);
+  });
+
+  it('reap: an ordered Index Seek on IX_Jobs_Leased, led by LeaseUntil (schema version 3), no Sort, no scan of Jobs', async () => {
+    const indexes = await mssqlRows<{ Index: string; Filter: string; LeadingKey: string }>(
+      db.url,
+      FILTERED_INDEXES,
+      (r) => r.input('table', sql.NVarChar(776), jobsTable),
+    );
+    // Led by Queue (version 1), the reaper's ORDER BY LeaseUntil across queues could not seek.
+    expect(indexes.find((i) => i.Index === 'IX_Jobs_Leased')).toMatchObject({
+      LeadingKey: 'LeaseUntil',
+      Filter: expect.stringContaining("'leased'"),
+    });
+
+    const plans = await actualPlans(() => store.reap(100));
+    const reap = updateOfJobs(plans);
+    expectSeekOn(reap, 'IX_Jobs_Leased');
+    expectNoSortNorScan(reap);
+  });
+
+  it('stats(): every figure from an index of live rows, no clustered index scan', async () => {
+    const plans = await actualPlans(() => store.stats(queue));
+    const reads = plans.filter((p) => operatorsOn(p, schema, 'Jobs').length > 0);
+    expect(reads.length, plans.map(describePlan).join('\n\n')).toBeGreaterThan(0);
+    for (const plan of reads) {
+      expect(
+        operatorsOn(plan, schema, 'Jobs')
+          .filter((op) => op.physicalOp === 'Clustered Index Scan' || op.physicalOp === 'Table Scan')
+          .map((op) => op.physicalOp),
+        describePlan(plan),
+      ).toEqual([]);
+    }
+  });
+});

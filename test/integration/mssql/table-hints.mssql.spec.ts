@@ -1,0 +1,72 @@
+/**
+ * The claim's and the reaper's table hints on a live server (review 2026-12-01, "Table
+ * hints", test plan item 2): they compile and run, and READPAST never raises error 650 —
+ * where READ_COMMITTED_SNAPSHOT is on (READPAST then needs READCOMMITTEDLOCK), nor on a pooled
+ * connection an application left at SNAPSHOT (READPAST is refused at SNAPSHOT whatever the
+ * hints; the store sets READ COMMITTED first). Also settles whether SQL Server takes the
+ * four-hint set other SQL Server queues ship (with ROWLOCK), which the store no longer uses.
+ */
+import { expect, it } from 'vitest';
+import type { QueueStore } from '../../../lib/src/core/queue-store.js';
+import { prepareJob } from '../../../lib/src/core/validation.js';
+import { createMssqlStore } from '../../../lib/src/store/mssql/mssql.connect.js';
+import { mssqlErrorNumber, mssqlRows, openMssqlPool, withErrorNumber } from '../../helpers/mssql.js';
+import { claimHintsWithRowlock, LEAVE_SNAPSHOT_ISOLATION } from '../../helpers/mssql-test-queries.js';
+import { waitFor } from '../../helpers/wait-for.js';
+import { describeEachMssqlDatabase, useMssqlSchema } from './mssql-databases.js';
+
+const WORKER = 'table-hints';
+
+describeEachMssqlDatabase('claim and reaper table hints', (db) => {
+  const { schema, store, newQueue } = useMssqlSchema(db, 'hints');
+
+  /** Claims, lets two leases expire, reaps them and reads the figures, all through `on`. */
+  async function claimAndReap(on: QueueStore, label: string): Promise<void> {
+    const queue = newQueue('hints');
+    const jobs = [1, 2, 3].map((n) => prepareJob(queue, { n }, {}, { maxPayloadBytes: 1024, defaultMaxAttempts: 3 }));
+    const enqueued = await store.enqueue(jobs);
+    expect(await withErrorNumber(on.hasClaimableWork(queue), `${label}: hasClaimableWork`)).toBe(true);
+    const short = await withErrorNumber(on.claim({ queue, limit: 2, leaseMs: 1, workerId: WORKER }), `${label}: claim`);
+    expect(short).toHaveLength(2);
+    await waitFor(
+      async () => (await withErrorNumber(on.stats(queue), `${label}: stats`)).expiredLeases,
+      (n) => n === 2,
+      { what: 'two expired leases' },
+    );
+    const reaped = await withErrorNumber(on.reap(100), `${label}: reap`);
+    expect(reaped.map((r) => r.id)).toEqual(expect.arrayContaining(short.map((c) => c.id)));
+    const all = await withErrorNumber(
+      on.claim({ queue, limit: 10, leaseMs: 60_000, workerId: WORKER }),
+      `${label}: claim`,
+    );
+    expect(all.map((c) => c.id).sort()).toEqual(enqueued.map((r) => r.jobId).sort());
+    const done = await on.complete(all.map((c) => ({ id: c.id, claimToken: c.claimToken })));
+    expect(done.map((d) => d.outcome)).toEqual(all.map(() => 'ok'));
+  }
+
+  it('claim and reap compile and run with their READPAST hints: no error 650', async () => {
+    await claimAndReap(store, "the store's own connections");
+  });
+
+  it('claim and reap on a shared pool whose connection an application left at SNAPSHOT isolation: no error 650', async () => {
+    const pool = await openMssqlPool(db.url, 1);
+    try {
+      await pool.request().batch(LEAVE_SNAPSHOT_ISOLATION);
+      await claimAndReap(createMssqlStore({ pool }, { schema }), 'a connection left at SNAPSHOT');
+    } finally {
+      await pool.close();
+    }
+  });
+
+  it('UPDLOCK, READPAST, READCOMMITTEDLOCK, ROWLOCK together: accepted, or refused as conflicting hints (recorded)', async ({
+    annotate,
+  }) => {
+    const outcome = await mssqlRows(db.url, claimHintsWithRowlock(schema)).then(
+      () => 'accepted',
+      (error: unknown) => `error ${mssqlErrorNumber(error)}: ${(error as Error).message}`,
+    );
+    await annotate(`UPDLOCK, READPAST, READCOMMITTEDLOCK, ROWLOCK on SQL Server (${db.label}): ${outcome}`);
+    // A refusal names the conflict ("Conflicting locking hints …"); anything else is a test bug.
+    expect(outcome).toMatch(/^(accepted|error \d+: .*conflicting)/i);
+  });
+});
