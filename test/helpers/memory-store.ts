@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import type { QueueStore } from '../../lib/src/core/queue-store.js';
-import type { ClaimedJob, CompleteResult, OwnedJob } from '../../lib/src/core/types.js';
+import type { ClaimedJob, CompleteResult, HeartbeatResult, OwnedJob } from '../../lib/src/core/types.js';
 
 /**
  * An in-memory stand-in for the engine's unit tests only (activation rule, polling), where
@@ -18,10 +18,15 @@ export class MemoryStore implements Partial<QueueStore> {
   claimDelay: (() => Promise<void>) | null = null;
   private readonly ready: { id: string; payload: unknown }[] = [];
   private readonly leased = new Map<string, string>();
+  private readonly payloads = new Map<string, unknown>();
   private seq = 0;
 
   add(count: number): void {
-    for (let i = 0; i < count; i++) this.ready.push({ id: String(++this.seq), payload: { i } });
+    for (let i = 0; i < count; i++) {
+      const id = String(++this.seq);
+      this.payloads.set(id, { i });
+      this.ready.push({ id, payload: { i } });
+    }
   }
 
   get readyCount(): number {
@@ -67,11 +72,19 @@ export class MemoryStore implements Partial<QueueStore> {
     });
   }
 
+  /** Gives leased jobs back to the front of the ready list (attempt not counted), token-checked. */
   async release(items: readonly OwnedJob[]): Promise<CompleteResult[]> {
-    return items.map((item) => ({ id: item.id, outcome: 'ok' as const }));
+    return items.map((item) => {
+      const ok = this.leased.get(item.id) === item.claimToken;
+      if (ok) {
+        this.leased.delete(item.id);
+        this.ready.unshift({ id: item.id, payload: this.payloads.get(item.id) });
+      }
+      return { id: item.id, outcome: ok ? ('ok' as const) : ('lost' as const) };
+    });
   }
 
-  async heartbeat(items: readonly OwnedJob[]) {
+  async heartbeat(items: readonly OwnedJob[]): Promise<HeartbeatResult[]> {
     return items.map((item) => ({ id: item.id, outcome: 'ok' as const, leaseUntil: new Date() }));
   }
 

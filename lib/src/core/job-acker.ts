@@ -19,6 +19,8 @@ export interface HeldJob {
   leaseMs: number;
   /** Engine clock when the claim was sent: a lower bound for the lease's start. */
   claimedAtLocal: number;
+  /** Engine clock when its handler started; null while it waits in the prefetch buffer. */
+  startedAtLocal: number | null;
   renewedAtLocal: number;
   /** Conservative local estimate of when the lease ends if not renewed. */
   localLeaseUntil: number;

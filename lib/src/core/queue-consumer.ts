@@ -329,7 +329,36 @@ export class QueueConsumer {
   private prefetchTarget(): number {
     const { prefetch, maxReaders, batchSize } = this.options;
     if (prefetch !== 'auto') return prefetch;
-    return autoPrefetch({ maxReaders, batchSize, claimMs: this.claimMs.value, handlerMs: this.handlerMs.value });
+    let handlerMs = this.handlerMs.value;
+    // The average learns only from finished handlers. While every slot is busy, the handler
+    // that has run the shortest time so far bounds how soon a buffered job can start: when
+    // jobs turn slow, the target drops at once instead of after they finish.
+    if (handlerMs !== null && this.running.size >= maxReaders) {
+      const now = this.deps.clock.now();
+      let shortestRun = Infinity;
+      for (const held of this.running.keys()) shortestRun = Math.min(shortestRun, now - (held.startedAtLocal ?? now));
+      handlerMs = Math.max(handlerMs, shortestRun);
+    }
+    return autoPrefetch({ maxReaders, batchSize, claimMs: this.claimMs.value, handlerMs });
+  }
+
+  /**
+   * Gives back (attempt not counted) buffered jobs that would only wait here: beyond what the
+   * free slots and the current prefetch target need (the handlers turned slow after the buffer
+   * filled), and any that waited half their maxDurationMs, which heartbeats cannot extend past
+   * (it runs from the claim). Another process, or this one later, takes them.
+   */
+  private releaseStaleBuffer(now: number): void {
+    if (this.buffer.length === 0 || this.stopping) return;
+    const keep = Math.max(0, this.options.maxReaders - this.running.size) + this.prefetchTarget();
+    const maxWait = this.options.maxDurationMs === null ? Infinity : this.options.maxDurationMs / 2;
+    const stale = this.buffer.filter((held, index) => index >= keep || now - held.claimedAtLocal >= maxWait);
+    if (stale.length === 0) return;
+    for (const held of stale) this.buffer.splice(this.buffer.indexOf(held), 1);
+    this.deps.logger.debug?.(
+      `queue '${this.queue}': gave back ${stale.length} prefetched job(s) that handlers would not reach soon`,
+    );
+    this.acker.release(stale);
   }
 
   // ---- running a job ----------------------------------------------------------------------
@@ -343,6 +372,7 @@ export class QueueConsumer {
       onAbort: null,
       leaseMs: this.options.leaseMs,
       claimedAtLocal,
+      startedAtLocal: null,
       renewedAtLocal: claimedAtLocal,
       localLeaseUntil: claimedAtLocal + this.options.leaseMs,
       lost: false,
@@ -390,6 +420,7 @@ export class QueueConsumer {
   private async execute(held: HeldJob, context: JobContext): Promise<void> {
     const { job } = held;
     const startedAt = this.deps.clock.now();
+    held.startedAtLocal = startedAt;
     const handled = Promise.resolve()
       .then(() => this.handler(job.payload, context))
       .then(
@@ -486,6 +517,7 @@ export class QueueConsumer {
   private async renewLeases(): Promise<void> {
     if (this.held.size === 0) return;
     const now = this.deps.clock.now();
+    this.releaseStaleBuffer(now);
     const due: HeldJob[] = [];
     for (const held of this.held.values()) {
       if (held.lost || held.timedOut) continue;
