@@ -8,9 +8,9 @@
  * them: a job it claimed is work in hand, and a reader that waits for a claim in flight is
  * receiving, not idle. So a claim asks for every free handler slot, a claimed job that no idle
  * reader takes gets a new reader at once (never above maxReaders), and a reader whose claim
- * comes back empty retires while more than minReaders run. For ordered groups this counts
- * groups, not rows: a claim returns one head per group, so a backlog in one group is work for
- * one reader.
+ * comes back empty retires while more than minReaders run. Because readers follow claimed
+ * jobs rather than row counts, a claim that can take only one job of a backlog (as an ordered
+ * group's will) starts one reader for it, not one per row.
  */
 
 /** Readers to start for claimed jobs that no idle reader took, never above maxReaders. */

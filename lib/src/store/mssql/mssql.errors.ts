@@ -12,7 +12,9 @@ export const MSSQL_KEY_LOCK_REFUSED = 51003;
 /**
  * Retryable in place: the statement was rolled back whole, so repeating it is safe (in a
  * caller's transaction the store rethrows instead; after a refused key lock that transaction is
- * still open, the caller's to roll back or retry).
+ * still open only if the caller's session has XACT_ABORT off: "The THROW statement honors SET
+ * XACT_ABORT", so with it on the transaction is doomed and rolled back; either way it is the
+ * caller's to roll back and retry).
  */
 const LOCK_CONFLICTS = new Set([MSSQL_DEADLOCK, MSSQL_LOCK_TIMEOUT, MSSQL_KEY_LOCK_REFUSED]);
 

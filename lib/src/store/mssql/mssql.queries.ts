@@ -197,7 +197,9 @@ function keyLockResource(schema: string, queue: string, key: string): string {
  * result below 0 is no lock (-1 timeout, -2 cancelled, -3 deadlock victim, -999 call error),
  * and "a deadlock with an application lock does not roll back the transaction that requested
  * the application lock", so it is thrown: keyedWork rolls back its own transaction, and a
- * caller's stays the caller's to roll back.
+ * caller's stays the caller's to roll back (doomed already if the caller's session has
+ * XACT_ABORT on: "The THROW statement honors SET XACT_ABORT",
+ * https://learn.microsoft.com/sql/t-sql/statements/set-xact-abort-transact-sql).
  */
 function takeKeyLock(indent: string): string {
   return `${indent}EXEC @lock = sys.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction';

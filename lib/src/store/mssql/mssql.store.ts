@@ -457,8 +457,11 @@ export class MssqlQueueStore implements QueueStore {
 
   /**
    * Runs one named statement. On the store's own connections a deadlock or lock timeout is
-   * retried a few times: every statement here either runs in autocommit or in its own
-   * transaction, so the server rolled it back whole. In a caller's transaction the error is
+   * retried a few times. Each statement of a batch runs in autocommit or in the batch's own
+   * transaction, so the failed statement was rolled back whole, though earlier statements of
+   * the same batch may have committed (cleanup's DELETEs, complete's UPDATE before its SELECT):
+   * every batch is written so that running it again is safe (deletes find fewer rows, a second
+   * completion answers 'already'). In a caller's transaction the error is
    * rethrown: the server rolled back the caller's work, which only the caller can redo.
    * request.query() is sent as sp_executesql, so the SET options each batch opens with revert
    * when it ends (see MSSQL_STORE_SESSION).
