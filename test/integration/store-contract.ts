@@ -461,9 +461,19 @@ export function describeStoreContract(target: StoreTarget): void {
           job(queue, { when: 'future' }, { runAt: new Date(Date.now() + 3_600_000) }),
         ]);
         const [soon] = await store.enqueue([job(queue, { when: 'soon' }, { delayMs: 300 })]);
+        expect((await store.getJob(soon!.jobId))!.state).toBe('delayed');
+        expect(await store.hasClaimableWork(queue)).toBe(false);
         expect(await store.claim({ queue, limit: 10, leaseMs: 1000, workerId: WORKER })).toEqual([]);
         const stats = await store.stats(queue);
         expect(stats).toMatchObject({ ready: 0, delayed: 3 });
+        // Due but not promoted yet (no claim since): counted as ready, and the probe sees it.
+        await waitFor(
+          () => store.stats(queue),
+          (s) => s.ready === 1,
+          { what: 'the 300 ms delayed job to be due' },
+        );
+        expect((await store.getJob(soon!.jobId))!.state).toBe('delayed');
+        expect(await store.hasClaimableWork(queue)).toBe(true);
         const claimed = await waitFor(
           () => store.claim({ queue, limit: 10, leaseMs: 1000, workerId: WORKER }),
           (c) => c.length > 0,
@@ -472,10 +482,53 @@ export function describeStoreContract(target: StoreTarget): void {
         expect(claimed.map((c) => c.id)).toEqual([soon!.jobId]);
         const lateRecord = await store.getJob(later!.jobId);
         expect(lateRecord!.runAt.getTime() - lateRecord!.createdAt.getTime()).toBeGreaterThanOrEqual(59_990);
-        expect((await store.getJob(future!.jobId))!.state).toBe('ready');
+        expect((await store.getJob(future!.jobId))!.state).toBe('delayed');
         // A run-at in the past is due at once.
         const [past] = await store.enqueue([job(queue, {}, { runAt: new Date(Date.now() - 60_000) })]);
+        expect((await store.getJob(past!.jobId))!.state).toBe('ready');
         expect((await claimOne(queue)).id).toBe(past!.jobId);
+      });
+
+      it('the first claim after delayed jobs are due promotes them and leases in priority order with ready ones', async () => {
+        const queue = newQueue('promote');
+        const [plain] = await store.enqueue([job(queue, { n: 'plain' }, { delayMs: 200 })]);
+        const [high] = await store.enqueue([job(queue, { n: 'high' }, { priority: 5, delayMs: 200 })]);
+        const [top, low] = await store.enqueue([
+          job(queue, { n: 'top' }, { priority: 9 }),
+          job(queue, { n: 'low' }, { priority: -1 }),
+        ]);
+        expect((await store.getJob(high!.jobId))!.state).toBe('delayed');
+        expect((await store.getJob(top!.jobId))!.state).toBe('ready');
+        await waitFor(
+          () => store.stats(queue),
+          (s) => s.delayed === 0,
+          { what: 'the delayed jobs to be due' },
+        );
+        // limit 1: the oldest due delayed job (plain) is read with the best ready one (top); top
+        // is leased, plain promoted to ready without being leased.
+        expect((await claimOne(queue)).id).toBe(top!.jobId);
+        expect(await store.getJob(plain!.jobId)).toMatchObject({ state: 'ready', attempts: 0, claimToken: null });
+        expect((await store.getJob(high!.jobId))!.state).toBe('delayed');
+        // A due delayed job is leased straight away when it is the best due job.
+        const second = await claimOne(queue);
+        expect([second.id, second.attempt]).toEqual([high!.jobId, 1]);
+        const rest = await store.claim({ queue, limit: 10, leaseMs: 1000, workerId: WORKER });
+        expect(rest.map((c) => c.id)).toEqual([plain!.jobId, low!.jobId]);
+        expect(rest.map((c) => c.attempt)).toEqual([1, 1]);
+      });
+
+      it('a large delayed backlog of higher priority is not in the way of due jobs', async () => {
+        const queue = newQueue('backlog');
+        const delayed = Math.round(10_000 * target.scale);
+        await store.enqueue(
+          Array.from({ length: delayed }, (_, i) => job(queue, { i }, { priority: 5, delayMs: 3_600_000 })),
+        );
+        const due = await store.enqueue([job(queue, { d: 1 }), job(queue, { d: 2 }), job(queue, { d: 3 })]);
+        const claimed = await store.claim({ queue, limit: 2, leaseMs: 30_000, workerId: WORKER });
+        expect(claimed.map((c) => c.id)).toEqual(due.slice(0, 2).map((d) => d.jobId));
+        expect(await store.stats(queue)).toMatchObject({ ready: 1, delayed, leased: 2 });
+        expect((await claimOne(queue)).id).toBe(due[2]!.jobId);
+        expect(await store.claim({ queue, limit: 10, leaseMs: 1000, workerId: WORKER })).toEqual([]);
       });
 
       it('claims higher priority first, then older run-at', async () => {
@@ -560,6 +613,20 @@ export function describeStoreContract(target: StoreTarget): void {
         expect((await store.getJob(claimed.id))!.claimToken).toBe(claimed.claimToken);
       });
 
+      it('a retry backing off waits as delayed and is claimed again once due', async () => {
+        const queue = newQueue('backoff');
+        await store.enqueue([job(queue, { n: 1 })]);
+        const claimed = await claimOne(queue);
+        const [result] = await store.fail([failure(claimed, 'busy', { retryDelayMs: 200 })]);
+        expect(result).toEqual({ id: claimed.id, outcome: 'ok', state: 'delayed' });
+        const again = await waitFor(
+          () => store.claim({ queue, limit: 1, leaseMs: 1000, workerId: WORKER }),
+          (c) => c.length > 0,
+          { what: 'the retry after its 200 ms backoff' },
+        );
+        expect(again.map((c) => [c.id, c.attempt])).toEqual([[claimed.id, 2]]);
+      });
+
       it('fail schedules a retry after the given delay and records the attempt', async () => {
         const queue = newQueue('retry');
         await store.enqueue([job(queue, { n: 1 })]);
@@ -575,13 +642,13 @@ export function describeStoreContract(target: StoreTarget): void {
             workerId: 'w-fail',
           },
         ]);
-        expect(result).toEqual({ id: claimed.id, outcome: 'ok', state: 'ready' });
+        expect(result).toEqual({ id: claimed.id, outcome: 'ok', state: 'delayed' });
         const record = await store.getJob(claimed.id);
-        expect(record).toMatchObject({ state: 'ready', lastError: 'smtp refused', claimToken: null, attempts: 1 });
+        expect(record).toMatchObject({ state: 'delayed', lastError: 'smtp refused', claimToken: null, attempts: 1 });
         expect(record!.runAt.getTime()).toBeGreaterThan(Date.now() + 50_000);
         expect(await store.claim({ queue, limit: 1, leaseMs: 1000, workerId: WORKER })).toEqual([]);
         const stats = await store.stats(queue);
-        expect(stats).toMatchObject({ ready: 0, delayed: 1 });
+        expect(stats).toMatchObject({ ready: 0, delayed: 1, retrying: 1 });
         const [attempt] = await store.getAttempts(claimed.id);
         expect(attempt).toMatchObject({
           attempt: 1,

@@ -1,5 +1,9 @@
-/** States a job moves through. `done` and `dead` are final until an operator retries a dead job. */
-export type JobState = 'ready' | 'leased' | 'done' | 'dead';
+/**
+ * States a job moves through. `delayed`: waiting for its run time (a delayed enqueue or a retry
+ * backing off); the first claim of its queue after that time makes it `ready` and may lease it at
+ * once. `done` and `dead` are final until an operator retries a dead job.
+ */
+export type JobState = 'ready' | 'delayed' | 'leased' | 'done' | 'dead';
 
 /** Job ids are decimal strings: the column is a 64-bit integer, beyond JavaScript's safe range. */
 export type JobId = string;
@@ -127,8 +131,11 @@ export interface FailItem extends OwnedJob {
 export interface FailResult {
   id: JobId;
   outcome: OwnershipOutcome;
-  /** State after the failure: `ready` (to be retried) or `dead`. Null when lost. */
-  state: 'ready' | 'dead' | null;
+  /**
+   * State after the failure: `delayed` (to be retried after its delay), `ready` (to be retried
+   * now: no delay) or `dead`. Null when lost.
+   */
+  state: 'ready' | 'delayed' | 'dead' | null;
 }
 
 export interface ReapedJob {
@@ -140,9 +147,9 @@ export interface ReapedJob {
 
 export interface QueueStats {
   queue: string;
-  /** Ready and due now. */
+  /** Due now and not leased (ready, or delayed and due but not promoted by a claim yet). */
   ready: number;
-  /** Ready but not due yet (delayed or backing off). */
+  /** Not due yet (delayed enqueues and retries backing off). */
   delayed: number;
   leased: number;
   /** Leased with the lease already past: work the reaper has yet to return. */
@@ -150,7 +157,7 @@ export interface QueueStats {
   dead: number;
   /** Milliseconds since the oldest ready job became due; 0 when none is waiting. */
   oldestReadyAgeMs: number;
-  /** Ready jobs that have already failed at least once. */
+  /** Waiting jobs (ready or delayed) that have already failed at least once. */
   retrying: number;
 }
 
@@ -222,7 +229,7 @@ export interface QueueHealth extends QueueStats {
   /** Leases the reaper found expired within the window (a worker crashed, hung or lost the database). */
   recentLeaseExpiries: number;
   /**
-   * Jobs not finished yet (ready or leased) that have already failed at least
+   * Jobs not finished yet (ready, delayed or leased) that have already failed at least
    * `repeatedFailures` times: the ones a queue length hides.
    */
   repeatedlyFailing: number;

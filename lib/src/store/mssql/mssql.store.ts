@@ -293,7 +293,7 @@ export class MssqlQueueStore implements QueueStore {
         item.workerId,
       );
     }
-    const rows = await this.run<{ Id: string; Outcome: OwnershipOutcome; State: 'ready' | 'dead' | null }>(
+    const rows = await this.run<{ Id: string; Outcome: OwnershipOutcome; State: 'ready' | 'delayed' | 'dead' | null }>(
       'fail',
       (r) => r.input('items', table),
     );

@@ -87,6 +87,24 @@ export const PG_MIGRATIONS: readonly PgMigration[] = [
 )`,
     ],
   },
+  {
+    version: 3,
+    description: 'delayed jobs wait outside the ready index',
+    // Review P2: a job not due yet sat in jobs_claim_ix, so every claim read (and skipped) the
+    // delayed rows of higher priorities before reaching due rows of lower ones. It now waits as
+    // 'delayed' in an index of its own, read oldest first by the claim that promotes it.
+    // 'delayed' fits the varchar(8) state column. Ready rows not due yet move over here, in the
+    // migration's transaction; the CHECK re-validation scans the table once.
+    statements: (schema) => {
+      const s = quotePgIdentifier(schema);
+      return [
+        `ALTER TABLE ${s}.jobs DROP CONSTRAINT jobs_state_ck,
+  ADD CONSTRAINT jobs_state_ck CHECK (state IN ('ready', 'delayed', 'leased', 'done', 'dead'))`,
+        `CREATE INDEX jobs_delayed_ix ON ${s}.jobs (queue, run_at, id) WHERE state = 'delayed'`,
+        `UPDATE ${s}.jobs SET state = 'delayed' WHERE state = 'ready' AND run_at > now()`,
+      ];
+    },
+  },
 ];
 
 export const PG_LATEST_VERSION = PG_MIGRATIONS[PG_MIGRATIONS.length - 1]!.version;

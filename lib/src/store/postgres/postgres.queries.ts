@@ -55,11 +55,17 @@ export function pgQueries(schema: string): PgQueries {
   const maxAttempts = (own: string, fallback: string) =>
     `COALESCE(${own}, (SELECT s.max_attempts FROM ${settings} s WHERE s.queue = $1::varchar), ${fallback})`;
 
+  // A job whose run_at is later than the statement's time waits as 'delayed', outside the ready
+  // index the claim reads; the claim promotes it once due (see claim).
+  const oneRunAt = `COALESCE($4::timestamptz, statement_timestamp() + $5::float8 * interval '1 millisecond')`;
+  const manyRunAt = `COALESCE(run_at, statement_timestamp() + delay_ms * interval '1 millisecond')`;
+  const stateFor = (runAt: string) => `CASE WHEN ${runAt} > statement_timestamp() THEN 'delayed' ELSE 'ready' END`;
+
   return {
     // $1 queue, $2 payload, $3 priority, $4 run_at, $5 delay_ms, $6 group_key, $7 idempotency_key,
     // $8 max_attempts (null: the queue's setting), $9 default max_attempts
     enqueueOne: `INSERT INTO ${jobs} (queue, state, payload, priority, run_at, group_key, idempotency_key, max_attempts, created_at)
-VALUES ($1, 'ready', $2::jsonb, $3, COALESCE($4::timestamptz, statement_timestamp() + $5::float8 * interval '1 millisecond'), $6, $7,
+VALUES ($1, ${stateFor(oneRunAt)}, $2::jsonb, $3, ${oneRunAt}, $6, $7,
         ${maxAttempts('$8::int', '$9::int')}, statement_timestamp())
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id::text AS id`,
@@ -75,7 +81,7 @@ RETURNING id::text AS id`,
        WITH ORDINALITY AS i(payload, priority, run_at, delay_ms, group_key, idempotency_key, max_attempts, default_max_attempts, ord)
 ), inserted AS (
   INSERT INTO ${jobs} (id, queue, state, payload, priority, run_at, group_key, idempotency_key, max_attempts, created_at)
-  SELECT id, $1, 'ready', payload, priority, COALESCE(run_at, statement_timestamp() + delay_ms * interval '1 millisecond'),
+  SELECT id, $1, ${stateFor(manyRunAt)}, payload, priority, ${manyRunAt},
          group_key, idempotency_key, ${maxAttempts('max_attempts', 'default_max_attempts')}, statement_timestamp()
   FROM input ORDER BY idempotency_key, ord
   ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -95,7 +101,7 @@ ORDER BY input.ord`,
   FROM json_array_elements($2::json) WITH ORDINALITY AS t(p, ord)
 ), inserted AS (
   INSERT INTO ${jobs} (id, queue, state, payload, priority, run_at, group_key, max_attempts, created_at)
-  SELECT id, $1, 'ready', payload, $3, COALESCE($4::timestamptz, statement_timestamp() + $5::float8 * interval '1 millisecond'),
+  SELECT id, $1, ${stateFor(oneRunAt)}, payload, $3, ${oneRunAt},
          $6, ${maxAttempts('$7::int', '$8::int')}, statement_timestamp()
   FROM input
 )
@@ -115,27 +121,51 @@ FROM jsonb_to_recordset($1::jsonb) AS k(queue text, key text)
 JOIN ${jobs} j ON j.queue = k.queue AND j.idempotency_key = k.key`,
 
     // $1 queue, $2 limit, $3 lease ms, $4 worker id.
-    // MATERIALIZED keeps the planner from merging the candidate scan into the UPDATE, which
+    // Two ordered range reads, each stopping after $2 rows: the queue's due ready rows in claim
+    // order (jobs_claim_ix, which holds no delayed rows), and its due delayed rows, oldest first
+    // (jobs_delayed_ix). The best $2 of both, in claim order, are leased; the other due delayed
+    // rows read are promoted to ready in the same UPDATE. One statement, because a data-modifying
+    // CTE's changes are invisible to the rest of its statement: a promotion CTE followed by a
+    // select of ready rows would not see the promoted ones. So a delayed job is claimable at the
+    // first claim after it is due, and the claim's cost follows due work, never the delayed backlog.
+    // MATERIALIZED keeps the planner from merging the candidate scans into the UPDATE, which
     // could lock and update more rows than LIMIT allows. SKIP LOCKED lets concurrent claimers
     // pass each other instead of queueing on the same rows.
-    claim: `WITH candidates AS MATERIALIZED (
-  SELECT id FROM ${jobs}
+    claim: `WITH due_ready AS MATERIALIZED (
+  SELECT id, priority, run_at FROM ${jobs}
   WHERE queue = $1 AND state = 'ready' AND run_at <= now()
   ORDER BY priority DESC, run_at, id
   LIMIT $2
   FOR UPDATE SKIP LOCKED
+), due_delayed AS MATERIALIZED (
+  SELECT id, priority, run_at FROM ${jobs}
+  WHERE queue = $1 AND state = 'delayed' AND run_at <= now()
+  ORDER BY run_at, id
+  LIMIT $2
+  FOR UPDATE SKIP LOCKED
+), candidates AS MATERIALIZED (
+  SELECT id, row_number() OVER (ORDER BY priority DESC, run_at, id) <= $2 AS lease
+  FROM (SELECT * FROM due_ready UNION ALL SELECT * FROM due_delayed) AS due
+), updated AS (
+  UPDATE ${jobs} AS j
+  SET state = CASE WHEN c.lease THEN 'leased' ELSE 'ready' END,
+      claim_token = CASE WHEN c.lease THEN gen_random_uuid() ELSE j.claim_token END,
+      attempts = CASE WHEN c.lease THEN j.attempts + 1 ELSE j.attempts END,
+      lease_until = CASE WHEN c.lease THEN now() + $3::float8 * interval '1 millisecond' ELSE j.lease_until END,
+      claimed_at = CASE WHEN c.lease THEN now() ELSE j.claimed_at END,
+      worker_id = CASE WHEN c.lease THEN $4 ELSE j.worker_id END
+  FROM candidates c
+  WHERE j.id = c.id
+  RETURNING c.lease, j.id, j.payload, j.priority, j.group_key, j.idempotency_key, j.attempts, j.max_attempts,
+            j.claim_token, j.created_at, j.claimed_at, j.lease_until
 )
-UPDATE ${jobs} AS j
-SET state = 'leased', claim_token = gen_random_uuid(), attempts = j.attempts + 1,
-    lease_until = now() + $3::float8 * interval '1 millisecond', claimed_at = now(), worker_id = $4
-FROM candidates c
-WHERE j.id = c.id
-RETURNING j.id::text AS id, j.payload, j.priority, j.group_key, j.idempotency_key, j.attempts, j.max_attempts,
-          j.claim_token::text AS claim_token,
-          -- epoch milliseconds: far cheaper for the client to turn into Dates than timestamp text
-          (extract(epoch FROM j.created_at) * 1000)::float8 AS created_ms,
-          (extract(epoch FROM j.claimed_at) * 1000)::float8 AS claimed_ms,
-          (extract(epoch FROM j.lease_until) * 1000)::float8 AS lease_until_ms`,
+SELECT id::text AS id, payload, priority, group_key, idempotency_key, attempts, max_attempts,
+       claim_token::text AS claim_token,
+       -- epoch milliseconds: far cheaper for the client to turn into Dates than timestamp text
+       (extract(epoch FROM created_at) * 1000)::float8 AS created_ms,
+       (extract(epoch FROM claimed_at) * 1000)::float8 AS claimed_ms,
+       (extract(epoch FROM lease_until) * 1000)::float8 AS lease_until_ms
+FROM updated WHERE lease`,
 
     // $1 jsonb [{id, token, lease_ms, max_ms}]; the lease never runs past claimed_at + max_ms. Once
     // that cap has passed the lease cannot be renewed: the answer is no lease (lost), not 'ok'.
@@ -171,13 +201,15 @@ SELECT input.id::text AS id,
        ELSE 'lost' END AS outcome
 FROM input LEFT JOIN completed ON completed.id = input.id`,
 
-    // $1 jsonb [{id, token, error, stack, delay_ms, dead, worker}]
+    // $1 jsonb [{id, token, error, stack, delay_ms, dead, worker}]. A retry that is not due yet
+    // waits as 'delayed' (out of the claim's ready index); the claim promotes it once due.
     fail: `WITH input AS (
   SELECT * FROM jsonb_to_recordset($1::jsonb)
     AS i(id bigint, token uuid, error text, stack text, delay_ms float8, dead boolean, worker text)
 ), failed AS (
   UPDATE ${jobs} AS j
-  SET state = CASE WHEN i.dead OR j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END,
+  SET state = CASE WHEN i.dead OR j.attempts >= j.max_attempts THEN 'dead'
+                   WHEN now() + i.delay_ms * interval '1 millisecond' > now() THEN 'delayed' ELSE 'ready' END,
       run_at = CASE WHEN i.dead OR j.attempts >= j.max_attempts THEN j.run_at
                     ELSE now() + i.delay_ms * interval '1 millisecond' END,
       finished_at = CASE WHEN i.dead OR j.attempts >= j.max_attempts THEN now() END,
@@ -234,20 +266,31 @@ FROM input LEFT JOIN released ON released.id = input.id`,
 )
 SELECT id::text AS id, queue, state, attempts FROM reaped`,
 
+    // A due delayed job counts: the next claim promotes and takes it.
     hasClaimableWork: `SELECT EXISTS (
   SELECT 1 FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND run_at <= now()
+) OR EXISTS (
+  SELECT 1 FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND run_at <= now()
 ) AS has_work`,
 
-    // Each figure reads one partial index, so the cost follows live rows, not history.
+    // Each figure reads one partial index, so the cost follows live rows, not history. A delayed
+    // job that is due but not promoted yet (no claim since) counts as ready: it is waiting. Ready
+    // rows not due yet only exist if written by a version before 3 (the migration moved them).
     stats: `SELECT
-  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND run_at <= now()) AS ready,
-  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND run_at > now()) AS delayed,
+  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND run_at <= now())
+  + (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND run_at <= now()) AS ready,
+  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND run_at > now())
+  + (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND run_at > now()) AS delayed,
   (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'leased') AS leased,
   (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'leased' AND lease_until < now()) AS expired_leases,
   (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'dead') AS dead,
-  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND attempts > 0) AS retrying,
-  (SELECT floor(extract(epoch FROM now() - min(run_at)) * 1000)::float8 FROM ${jobs}
-     WHERE queue = $1 AND state = 'ready' AND run_at <= now()) AS oldest_ready_age_ms`,
+  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND attempts > 0)
+  + (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND attempts > 0) AS retrying,
+  (SELECT floor(extract(epoch FROM now() - min(run_at)) * 1000)::float8 FROM (
+     (SELECT run_at FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND run_at <= now() ORDER BY run_at LIMIT 1)
+     UNION ALL
+     (SELECT run_at FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND run_at <= now() ORDER BY run_at LIMIT 1)
+   ) AS oldest) AS oldest_ready_age_ms`,
 
     getJob: `SELECT ${JOB_COLUMNS} FROM ${jobs} WHERE id = $1`,
 
@@ -323,7 +366,8 @@ RETURNING id::text AS id`,
     // never touched. The attempts table has no index on finished_at alone, so its queues are
     // walked on (queue, finished_at) with a recursive "loose index scan" (one seek per queue),
     // and each queue's recent attempts are one range seek on the same index.
-    // Failures: a ready job has failed `attempts` times; a leased one `attempts - 1` times.
+    // Waiting jobs (ready and delayed) count as ready when due, delayed when not, as in stats.
+    // Failures: a waiting job has failed `attempts` times; a leased one `attempts - 1` times.
     queueHealth: `WITH ready AS (
   SELECT queue,
          count(*) FILTER (WHERE run_at <= now()) AS ready,
@@ -331,7 +375,10 @@ RETURNING id::text AS id`,
          count(*) FILTER (WHERE attempts > 0) AS retrying,
          count(*) FILTER (WHERE attempts >= $2::int) AS repeated,
          min(run_at) FILTER (WHERE run_at <= now()) AS oldest_due
-  FROM ${jobs} WHERE state = 'ready' GROUP BY queue
+  FROM (SELECT queue, run_at, attempts FROM ${jobs} WHERE state = 'ready'
+        UNION ALL
+        SELECT queue, run_at, attempts FROM ${jobs} WHERE state = 'delayed') AS waiting
+  GROUP BY queue
 ), leased AS (
   SELECT queue, count(*) AS leased, count(*) FILTER (WHERE lease_until < now()) AS expired_leases,
          count(*) FILTER (WHERE attempts > $2::int) AS repeated

@@ -233,7 +233,7 @@ export class PostgresQueueStore implements QueueStore {
 
   async fail(items: readonly FailItem[]): Promise<FailResult[]> {
     if (items.length === 0) return [];
-    const rows = await this.run<{ id: string; outcome: OwnershipOutcome; state: 'ready' | 'dead' | null }>(
+    const rows = await this.run<{ id: string; outcome: OwnershipOutcome; state: 'ready' | 'delayed' | 'dead' | null }>(
       null,
       'fail',
       [
