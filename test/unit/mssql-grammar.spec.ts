@@ -353,6 +353,22 @@ describe('indexes after every migration serve the queries that need them (issue 
     expect(covers(ready, ['Attempts'])).toBe(true);
   });
 
+  it('delayed jobs wait outside the ready index, in an index the promotion reads oldest first (review P2)', () => {
+    const delayed = jobsIndex("[State] = 'delayed'");
+    expect(delayed?.keys).toEqual(['Queue', 'RunAt', 'Id']);
+    expect(covers(delayed, ['Attempts'])).toBe(true);
+    const claim = mssqlQueries('sqlqueue').claim;
+    const promote = claim.indexOf("[State] = 'delayed' AND [RunAt] <= SYSUTCDATETIME()\n  ORDER BY [RunAt], [Id]");
+    const lease = claim.indexOf(
+      "[State] = 'ready' AND [RunAt] <= SYSUTCDATETIME()\n  ORDER BY [Priority] DESC, [RunAt], [Id]",
+    );
+    // Promotion first, as its own statement, so the claim that follows sees the promoted rows.
+    expect(promote).toBeGreaterThan(0);
+    expect(lease).toBeGreaterThan(promote);
+    expect(claim).toMatch(/WITH due AS \(\n {2}SELECT TOP \(@limit\) \*\n/);
+    expect(claim).toContain("UPDATE due\nSET [State] = 'ready';\nWITH candidate AS (");
+  });
+
   it('dead jobs: pages by queue and Id, purge by age, retention across queues by FinishedAt', () => {
     const dead = jobsIndex("[State] = 'dead'");
     const deadByAge = [...indexes.values()].find((i) => i.filter === "[State] = 'dead'" && i !== dead);

@@ -66,6 +66,26 @@ describe('checkTsql accepts', () => {
     );
   });
 
+  it('dropping and re-adding a CHECK constraint (the form that widens a state list)', () => {
+    expectAccepted('ALTER TABLE [q].[Jobs] DROP CONSTRAINT [CK_Jobs_State];');
+    expectAccepted("ALTER TABLE [q].[Jobs] ADD CONSTRAINT [CK_Jobs_State] CHECK ([State] IN ('ready', 'delayed'));");
+  });
+
+  it('two CTE + UPDATE statements in one batch (promotion, then the claim)', () => {
+    expectAccepted(`WITH due AS (
+  SELECT TOP (@limit) * FROM [q].[Jobs] WITH (UPDLOCK, READPAST, READCOMMITTEDLOCK)
+  WHERE [Queue] = @queue AND [State] = 'delayed' AND [RunAt] <= SYSUTCDATETIME()
+  ORDER BY [RunAt], [Id]
+)
+UPDATE due SET [State] = 'ready';
+WITH candidate AS (
+  SELECT TOP (@limit) * FROM [q].[Jobs] WITH (UPDLOCK, READPAST, READCOMMITTEDLOCK)
+  WHERE [Queue] = @queue AND [State] = 'ready'
+  ORDER BY [Priority] DESC, [RunAt], [Id]
+)
+UPDATE candidate SET [State] = 'leased';`);
+  });
+
   it('MERGE with a table hint and OUTPUT $action', () => {
     expectAccepted(`MERGE dbo.Jobs WITH (HOLDLOCK) AS t
 USING (SELECT @queue AS Queue, @key AS JobKey) AS s

@@ -199,6 +199,26 @@ export const MSSQL_MIGRATIONS: readonly MssqlMigration[] = [
       ];
     },
   },
+  {
+    version: 4,
+    description: 'delayed jobs wait outside the ready index',
+    // Review P2: a job not due yet sat in IX_Jobs_Claim, so every claim read and U-locked the
+    // delayed rows of higher priorities before reaching due rows of lower ones. It now waits as
+    // 'delayed' (it fits the varchar(8) column; a longer name would mean altering [State], which
+    // every filtered index names) in an index of its own, read oldest first by the claim that
+    // promotes it; Attempts for the retrying figures. Ready rows not due yet move over in the
+    // migration transaction (row locks: lock escalation is off for Jobs). A new CHECK is
+    // checked against existing rows (WITH CHECK is the default for one), a scan of the table.
+    batches: (schema) => {
+      const s = quoteMssqlIdentifier(schema);
+      return [
+        `ALTER TABLE ${s}.[Jobs] DROP CONSTRAINT [CK_Jobs_State];`,
+        `ALTER TABLE ${s}.[Jobs] ADD CONSTRAINT [CK_Jobs_State] CHECK ([State] IN ('ready', 'delayed', 'leased', 'done', 'dead'));`,
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_Delayed] ON ${s}.[Jobs] ([Queue], [RunAt], [Id]) INCLUDE ([Attempts]) WHERE [State] = 'delayed';`,
+        `UPDATE ${s}.[Jobs] WITH (ROWLOCK) SET [State] = 'delayed' WHERE [State] = 'ready' AND [RunAt] > SYSUTCDATETIME();`,
+      ];
+    },
+  },
 ];
 
 export const MSSQL_LATEST_VERSION = MSSQL_MIGRATIONS[MSSQL_MIGRATIONS.length - 1]!.version;

@@ -247,6 +247,12 @@ export function mssqlQueries(schema: string): MssqlQueries {
   const sequence = `${s}.[JobIdSequence]`;
   const settings = `${s}.[QueueSettings]`;
 
+  // A job whose RunAt is later than the statement's time waits as 'delayed', outside the ready
+  // index the claim reads; the claim promotes it once due (see claim).
+  const oneRunAt = `COALESCE(@runAt, ${shiftedNow('@delayMs', 1)})`;
+  const manyRunAt = `COALESCE(i.[RunAt], DATEADD(millisecond, CAST(i.[DelayMs] % 1000 AS int), DATEADD(second, CAST(i.[DelayMs] / 1000 AS int), SYSUTCDATETIME())))`;
+  const stateFor = (runAt: string) => `CASE WHEN ${runAt} > SYSUTCDATETIME() THEN 'delayed' ELSE 'ready' END`;
+
   return {
     // @queue, @payload, @priority, @runAt (null: now + @delayMs), @delayMs bigint, @groupKey,
     // @idempotencyKey, @maxAttempts (null: the queue's recorded setting), @defaultMaxAttempts,
@@ -270,7 +276,7 @@ ${takeKeyLock('    ')}
   BEGIN
     SET @id = @firstId;
     INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
-    VALUES (@firstId, @queue, 'ready', @payload, @priority, COALESCE(@runAt, ${shiftedNow('@delayMs', 1)}), @groupKey, @idempotencyKey, @jobMaxAttempts);
+    VALUES (@firstId, @queue, ${stateFor(oneRunAt)}, @payload, @priority, ${oneRunAt}, @groupKey, @idempotencyKey, @jobMaxAttempts);
   END;`)}
 SELECT CAST(@id AS varchar(20)) AS [Id], @created AS [Created];`,
 
@@ -319,8 +325,8 @@ ${takeKeyLock('    ')}
   FROM @keys AS k;
   INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
   OUTPUT inserted.[Id] INTO @inserted ([Id])
-  SELECT @firstId + i.[Ord], i.[Queue], 'ready', i.[Payload], i.[Priority],
-         COALESCE(i.[RunAt], DATEADD(millisecond, CAST(i.[DelayMs] % 1000 AS int), DATEADD(second, CAST(i.[DelayMs] / 1000 AS int), SYSUTCDATETIME()))),
+  SELECT @firstId + i.[Ord], i.[Queue], ${stateFor(manyRunAt)}, i.[Payload], i.[Priority],
+         ${manyRunAt},
          i.[GroupKey], i.[IdempotencyKey], COALESCE(i.[MaxAttempts], q.[MaxAttempts], i.[DefaultMaxAttempts])
   FROM @jobs AS i
   LEFT JOIN @keys AS k ON k.[Queue] = i.[Queue] AND k.[IdempotencyKey] = i.[IdempotencyKey]
@@ -350,11 +356,24 @@ ORDER BY i.[Ord];`,
     // skips rows other claimers hold, READCOMMITTEDLOCK keeps READPAST legal where
     // READ_COMMITTED_SNAPSHOT is on); the CTE is updated in place and the OUTPUT goes INTO a
     // table variable (allowed with triggers present); NEWID() per row.
+    // First, its own autocommit statement with the same hints: up to @limit of the queue's due
+    // delayed jobs, oldest first (a range seek on IX_Jobs_Delayed), become ready, so the claim
+    // that follows sees them. The ready index holds no delayed rows, so neither statement reads
+    // (or U-locks) the delayed backlog, whatever its priorities (review P2). A promoted job
+    // another claimer takes first is simply claimed there.
     claim: `${MSSQL_STORE_SESSION}DECLARE @claimed TABLE (
   [Id] bigint NOT NULL, [Queue] nvarchar(128) NOT NULL, [Payload] nvarchar(max) NOT NULL, [Priority] int NOT NULL,
   [GroupKey] nvarchar(255) NULL, [IdempotencyKey] nvarchar(255) NULL, [Attempts] int NOT NULL, [MaxAttempts] int NOT NULL,
   [ClaimToken] uniqueidentifier NOT NULL, [CreatedAt] datetime2(3) NOT NULL, [ClaimedAt] datetime2(3) NOT NULL,
   [LeaseUntil] datetime2(3) NOT NULL);
+WITH due AS (
+  SELECT TOP (@limit) *
+  FROM ${jobs} WITH (${CLAIM_HINTS})
+  WHERE [Queue] = @queue AND [State] = 'delayed' AND [RunAt] <= SYSUTCDATETIME()
+  ORDER BY [RunAt], [Id]
+)
+UPDATE due
+SET [State] = 'ready';
 WITH candidate AS (
   SELECT TOP (@limit) *
   FROM ${jobs} WITH (${CLAIM_HINTS})
@@ -402,12 +421,14 @@ SELECT CAST(i.[Id] AS varchar(20)) AS [Id],
        ELSE 'lost' END AS [Outcome]
 FROM @items AS i LEFT JOIN @completed AS c ON c.[Id] = i.[Id];`,
 
-    // @items FailureList. The state change and its attempt row commit together.
+    // @items FailureList. The state change and its attempt row commit together. A retry with a
+    // delay waits as 'delayed' (out of the claim's ready index); the claim promotes it once due.
     fail: `${MSSQL_STORE_SESSION}DECLARE @failed TABLE (
   [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) NOT NULL, [State] varchar(8) NOT NULL, [Attempt] int NOT NULL,
   [ClaimedAt] datetime2(3) NULL, [Token] uniqueidentifier NOT NULL);
 ${atomically(`  UPDATE j
-  SET [State] = CASE WHEN i.[Dead] = 1 OR j.[Attempts] >= j.[MaxAttempts] THEN 'dead' ELSE 'ready' END,
+  SET [State] = CASE WHEN i.[Dead] = 1 OR j.[Attempts] >= j.[MaxAttempts] THEN 'dead'
+                     WHEN i.[DelayMs] > 0 THEN 'delayed' ELSE 'ready' END,
       [RunAt] = CASE WHEN i.[Dead] = 1 OR j.[Attempts] >= j.[MaxAttempts] THEN j.[RunAt]
                      ELSE DATEADD(millisecond, i.[DelayMs], SYSUTCDATETIME()) END,
       [FinishedAt] = CASE WHEN i.[Dead] = 1 OR j.[Attempts] >= j.[MaxAttempts] THEN SYSUTCDATETIME() ELSE NULL END,
@@ -463,25 +484,38 @@ ${atomically(`  WITH expired AS (
   FROM @reaped;`)}
 SELECT CAST([Id] AS varchar(20)) AS [Id], [Queue], [State], [Attempt] FROM @reaped;`,
 
+    // A due delayed job counts: the next claim promotes and takes it.
     hasClaimableWork: `${MSSQL_STORE_SESSION}SELECT CAST(CASE WHEN EXISTS (
   SELECT 1 FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
   WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= SYSUTCDATETIME()
+) OR EXISTS (
+  SELECT 1 FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
+  WHERE [Queue] = @queue AND [State] = 'delayed' AND [RunAt] <= SYSUTCDATETIME()
 ) THEN 1 ELSE 0 END AS bit) AS [HasWork];`,
 
     // Each figure reads one filtered index that covers it (Attempts is included in the ready
-    // index since migration 3), so the cost follows live rows, not history.
+    // index since migration 3, and in the delayed index), so the cost follows live rows, not history.
+    // A delayed job that is due but not promoted yet (no claim since) counts as ready: it is
+    // waiting. Ready rows not due yet only exist if written before version 4 (which moved them).
     // READPAST: a monitoring read must never queue behind a producer's open transaction (as
     // PostgreSQL's MVCC reads never do); rows locked at that instant are simply not counted.
     stats: `${MSSQL_STORE_SESSION}DECLARE @now datetime2(3) = SYSUTCDATETIME();
 SELECT
-  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= @now) AS [Ready],
-  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] > @now) AS [Delayed],
+  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= @now)
+  + (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'delayed' AND [RunAt] <= @now) AS [Ready],
+  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'delayed' AND [RunAt] > @now)
+  + (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] > @now) AS [Delayed],
   (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'leased') AS [Leased],
   (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'leased' AND [LeaseUntil] < @now) AS [ExpiredLeases],
   (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'dead') AS [Dead],
-  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [Attempts] > 0) AS [Retrying],
-  (SELECT DATEDIFF_BIG(millisecond, MIN([RunAt]), @now) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
-     WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= @now) AS [OldestReadyAgeMs];`,
+  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [Attempts] > 0)
+  + (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'delayed' AND [Attempts] > 0) AS [Retrying],
+  (SELECT DATEDIFF_BIG(millisecond, MIN(w.[RunAt]), @now) FROM (
+     SELECT MIN([RunAt]) AS [RunAt] FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
+     WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= @now
+     UNION ALL
+     SELECT MIN([RunAt]) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
+     WHERE [Queue] = @queue AND [State] = 'delayed' AND [RunAt] <= @now) AS w) AS [OldestReadyAgeMs];`,
 
     getJob: `${MSSQL_STORE_SESSION}SELECT ${JOB_COLUMNS} FROM ${jobs} WHERE [Id] = @id;`,
 
@@ -573,7 +607,8 @@ SELECT @deleted AS [Deleted];`,
     // each queue's recent attempts are one range seek on it. READPAST, as in stats: a monitoring
     // read never queues behind a producer's open transaction; rows locked at that instant are
     // simply not counted.
-    // Failures: a ready job has failed [Attempts] times, a leased one [Attempts] - 1 times.
+    // Waiting jobs (ready and delayed) count as ready when due, delayed when not, as in stats.
+    // Failures: a waiting job has failed [Attempts] times, a leased one [Attempts] - 1 times.
     queueHealth: `${MSSQL_STORE_SESSION}DECLARE @now datetime2(3) = SYSUTCDATETIME();
 DECLARE @since datetime2(3) = DATEADD(millisecond, -CAST(@windowMs % 1000 AS int), DATEADD(second, -CAST(@windowMs / 1000 AS int), @now));
 DECLARE @ready TABLE (
@@ -590,8 +625,9 @@ INSERT INTO @ready ([Queue], [Ready], [Delayed], [Retrying], [Repeated], [Oldest
 SELECT [Queue], COUNT_BIG(CASE WHEN [RunAt] <= @now THEN 1 END), COUNT_BIG(CASE WHEN [RunAt] > @now THEN 1 END),
        COUNT_BIG(CASE WHEN [Attempts] > 0 THEN 1 END), COUNT_BIG(CASE WHEN [Attempts] >= @repeated THEN 1 END),
        MIN(CASE WHEN [RunAt] <= @now THEN [RunAt] END)
-FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
-WHERE [State] = 'ready'
+FROM (SELECT [Queue], [RunAt], [Attempts] FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [State] = 'ready'
+      UNION ALL
+      SELECT [Queue], [RunAt], [Attempts] FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [State] = 'delayed') AS w
 GROUP BY [Queue];
 INSERT INTO @leased ([Queue], [Leased], [Expired], [Repeated])
 SELECT [Queue], COUNT_BIG(*), COUNT_BIG(CASE WHEN [LeaseUntil] < @now THEN 1 END), COUNT_BIG(CASE WHEN [Attempts] > @repeated THEN 1 END)
