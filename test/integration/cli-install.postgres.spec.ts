@@ -4,6 +4,7 @@ import { createPostgresStore } from '../../lib/src/store/postgres/postgres.conne
 import { PG_LATEST_VERSION, PG_MIGRATIONS, pgBootstrap } from '../../lib/src/store/postgres/postgres.migrations.js';
 import { dropPgSchema, PG_URL, sql, uniqueSchema } from '../helpers/databases.js';
 import { maxAttemptsAfterRecording } from '../helpers/queue-settings.js';
+import { waitFor } from '../helpers/wait-for.js';
 
 /** What a DBA does: print the script with the CLI, then run it as one text (as psql -f would). */
 async function printScript(...argv: string[]): Promise<string> {
@@ -115,5 +116,47 @@ describe('a schema at version 1 (before queue settings) upgrades, keeping its jo
     await expect(store.migrate('auto')).resolves.toEqual({ current: PG_LATEST_VERSION, latest: PG_LATEST_VERSION });
     await store.close();
     await expectUpgraded(byAuto, oldJob);
+  });
+});
+
+describe('a schema at version 2 (delayed jobs in the ready index) upgrades with delayed jobs in flight', () => {
+  const schema = uniqueSchema('autov2');
+
+  afterAll(() => dropPgSchema(schema));
+
+  it("with migrations 'auto': jobs not due yet wait as delayed and are claimed once due", async () => {
+    await runScript(
+      [
+        ...pgBootstrap(schema),
+        ...PG_MIGRATIONS.filter((m) => m.version <= 2).flatMap((m) => m.statements(schema)),
+        `INSERT INTO "${schema}".schema_version (version, description) VALUES (1, 'version 1'), (2, 'version 2')`,
+      ].join(';\n'),
+    );
+    // As version 2 wrote them: every waiting job 'ready', whatever its run_at.
+    const insert = (priority: number, runAt: string) =>
+      sql<{ id: string }>(
+        PG_URL,
+        `INSERT INTO "${schema}".jobs (queue, state, payload, priority, run_at, max_attempts)
+         VALUES ('v2.q', 'ready', '{}', ${priority}, ${runAt}, 5) RETURNING id::text AS id`,
+      ).then((rows) => rows[0]!.id);
+    const due = await insert(0, 'now()');
+    const later = await insert(5, "now() + interval '1 hour'");
+    const soon = await insert(5, "now() + interval '1 second'");
+
+    const store = createPostgresStore({ url: PG_URL, poolSize: 1 }, { schema });
+    try {
+      await expect(store.migrate('auto')).resolves.toEqual({ current: PG_LATEST_VERSION, latest: PG_LATEST_VERSION });
+      expect((await store.getJob(due))!.state).toBe('ready');
+      expect((await store.getJob(later))!.state).toBe('delayed');
+      expect((await store.getJob(soon))!.state).toBe('delayed');
+      expect(await store.stats('v2.q')).toMatchObject({ ready: 1, delayed: 2 });
+      const claim = () => store.claim({ queue: 'v2.q', limit: 1, leaseMs: 30_000, workerId: 'upgrade-test' });
+      expect((await claim()).map((c) => c.id)).toEqual([due]);
+      const next = await waitFor(claim, (c) => c.length > 0, { what: 'the job due one second after the upgrade' });
+      expect(next.map((c) => [c.id, c.attempt])).toEqual([[soon, 1]]);
+      expect(await store.stats('v2.q')).toMatchObject({ ready: 0, delayed: 1, leased: 2 });
+    } finally {
+      await store.close();
+    }
   });
 });
