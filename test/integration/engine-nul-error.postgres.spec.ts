@@ -45,7 +45,7 @@ describe('a handler error containing U+0000', () => {
       ).catch((error: Error) => error);
       expect(done).not.toBeInstanceOf(Error);
       const failed = await store.getJob(bad!.jobId);
-      expect(failed).toMatchObject({ state: 'ready' });
+      expect(failed).toMatchObject({ state: 'delayed' }); // retried after its backoff
       expect(failed!.lastError).toContain('device replied');
     } finally {
       await consumer.stop(1_000);

@@ -60,24 +60,37 @@ describe('nestjs-sql-queue sql', () => {
   });
 
   it('--from the latest version prints no migration but a valid, repeatable script', async () => {
-    expect(PG_LATEST_VERSION).toBe(2);
-    expect(MSSQL_LATEST_VERSION).toBe(3);
-    const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '2');
+    expect(PG_LATEST_VERSION).toBe(3);
+    expect(MSSQL_LATEST_VERSION).toBe(4);
+    const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '3');
     expect(pg.code).toBe(0);
-    expect(pg.stdout).toBe(pgInstallScript('demo', 2));
+    expect(pg.stdout).toBe(pgInstallScript('demo', 3));
     expect(pg.stdout).not.toContain('INSERT INTO');
     expect(pg.stdout).not.toContain('CREATE TABLE "demo".jobs');
     expect(pg.stdout).toContain('BEGIN;');
     expect(pg.stdout).toContain('COMMIT;');
 
-    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '3');
+    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '4');
     expect(mssql.code).toBe(0);
-    expect(mssql.stdout).toBe(mssqlInstallScript('demo', 3));
+    expect(mssql.stdout).toBe(mssqlInstallScript('demo', 4));
     expect(mssql.stdout).not.toContain('INSERT INTO');
     expect(mssql.stdout).not.toContain('[Jobs]');
   });
 
-  it('--from 1 prints only version 2: the queue settings', async () => {
+  it('--from 2 (PostgreSQL) / --from 3 (SQL Server) prints only the delayed state', async () => {
+    const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '2');
+    expect(pg.stdout).toContain(
+      `CREATE INDEX jobs_delayed_ix ON "demo".jobs (queue, run_at, id) WHERE state = 'delayed'`,
+    );
+    expect(pg.stdout).toContain(`UPDATE "demo".jobs SET state = 'delayed' WHERE state = 'ready' AND run_at > now()`);
+    expect(pg.stdout).not.toContain('queue_settings');
+    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '3');
+    expect(mssql.stdout).toContain('ALTER TABLE [demo].[Jobs] DROP CONSTRAINT [CK_Jobs_State];');
+    expect(mssql.stdout).toContain('CREATE NONCLUSTERED INDEX [IX_Jobs_Delayed]');
+    expect(mssql.stdout).not.toContain('DROP_EXISTING');
+  });
+
+  it('--from 1 prints version 2 (the queue settings) and later ones, not version 1', async () => {
     const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '1');
     expect(pg.stdout).toContain('CREATE TABLE "demo".queue_settings');
     expect(pg.stdout).not.toContain('CREATE TABLE "demo".jobs');
