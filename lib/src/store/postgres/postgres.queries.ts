@@ -144,8 +144,12 @@ JOIN ${jobs} j ON j.queue = k.queue AND j.idempotency_key = k.key`,
   LIMIT $2
   FOR UPDATE SKIP LOCKED
 ), candidates AS MATERIALIZED (
-  SELECT id, row_number() OVER (ORDER BY priority DESC, run_at, id) <= $2 AS lease
-  FROM (SELECT * FROM due_ready UNION ALL SELECT * FROM due_delayed) AS due
+  -- Ready rows that lose their place to promoted ones are left as they are (no new row version).
+  SELECT id, lease FROM (
+    SELECT id, delayed, row_number() OVER (ORDER BY priority DESC, run_at, id) <= $2 AS lease
+    FROM (SELECT *, false AS delayed FROM due_ready UNION ALL SELECT *, true FROM due_delayed) AS due
+  ) AS ranked
+  WHERE lease OR delayed
 ), updated AS (
   UPDATE ${jobs} AS j
   SET state = CASE WHEN c.lease THEN 'leased' ELSE 'ready' END,
