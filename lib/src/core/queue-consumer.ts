@@ -352,9 +352,13 @@ export class QueueConsumer {
     if (this.buffer.length === 0 || this.stopping) return;
     const keep = Math.max(0, this.options.maxReaders - this.running.size) + this.prefetchTarget();
     const maxWait = this.options.maxDurationMs === null ? Infinity : this.options.maxDurationMs / 2;
-    const stale = this.buffer.filter((held, index) => index >= keep || now - held.claimedAtLocal >= maxWait);
+    const kept: HeldJob[] = [];
+    const stale: HeldJob[] = [];
+    for (const [index, held] of this.buffer.entries()) {
+      (index >= keep || now - held.claimedAtLocal >= maxWait ? stale : kept).push(held);
+    }
     if (stale.length === 0) return;
-    for (const held of stale) this.buffer.splice(this.buffer.indexOf(held), 1);
+    this.buffer.splice(0, this.buffer.length, ...kept);
     this.deps.logger.debug?.(
       `queue '${this.queue}': gave back ${stale.length} prefetched job(s) that handlers would not reach soon`,
     );
