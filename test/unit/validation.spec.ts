@@ -212,7 +212,7 @@ describe('options fail at boot with the place and the rule', () => {
     [{ leaseMs: 10 }, /leaseMs must be an integer from 100/],
     [{ batchSize: 5_000 }, /batchSize/],
     [{ readers: 2 }, /unknown option 'readers'/],
-    [{ prefetch: 'lots' }, /prefetch must be 'auto' or an integer from 0 to 10000, got "lots"/],
+    [{ prefetch: 'lots' }, /prefetch must be 'auto' or an integer from 0 to 10000, got 'lots'/],
     [{ prefetch: -1 }, /prefetch must be 'auto' or an integer from 0 to 10000, got -1/],
     [{ minReaders: 4, maxReaders: 2 }, /minReaders \(4\) is greater than maxReaders \(2\)/],
     [{ minPollMs: 500, maxPollMs: 100 }, /minPollMs \(500\) is greater than maxPollMs \(100\)/],

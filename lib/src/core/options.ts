@@ -5,6 +5,7 @@ import {
   assertInteger,
   assertOptionGroup,
   assertQueueName,
+  describe,
   DEFAULT_MAX_ATTEMPTS,
   INT_MAX,
   DAY_MS,
@@ -204,9 +205,14 @@ export function validateQueueOptions(where: string, raw: unknown): QueueOptions 
   check('minReaders', 1, 1_000);
   check('maxReaders', 1, 1_000);
   check('batchSize', 1, 1_000);
-  if (o.prefetch !== undefined && o.prefetch !== 'auto' && !isIntegerIn(o.prefetch, 0, 10_000)) {
+  const prefetch: unknown = o.prefetch;
+  if (
+    prefetch !== undefined &&
+    prefetch !== 'auto' &&
+    !(Number.isInteger(prefetch) && (prefetch as number) >= 0 && (prefetch as number) <= 10_000)
+  ) {
     throw new SqlQueueConfigError(
-      `${where}.prefetch must be 'auto' or an integer from 0 to 10000, got ${JSON.stringify(o.prefetch) ?? String(o.prefetch)}`,
+      `${where}.prefetch must be 'auto' or an integer from 0 to 10000, got ${describe(prefetch)}`,
     );
   }
   check('leaseMs', 100, INT_MAX);
@@ -267,8 +273,4 @@ export function validateQueueMap(raw: unknown): Record<string, QueueOptions> {
     validateQueueOptions(`queues['${queue}']`, options);
   }
   return map as Record<string, QueueOptions>;
-}
-
-function isIntegerIn(value: unknown, min: number, max: number): boolean {
-  return typeof value === 'number' && Number.isInteger(value) && value >= min && value <= max;
 }

@@ -95,6 +95,10 @@ SET IMPLICIT_TRANSACTIONS OFF;
 SET ROWCOUNT 0;
 `;
 
+/** The guard's THROW (after an IF on @@TRANCOUNT) when the store's own connection has an open transaction. */
+const OPEN_TRANSACTION_THROW = `  THROW ${MSSQL_OPEN_TRANSACTION}, N'nestjs-sql-queue: the store runs this statement in autocommit mode, but its connection has an open transaction', 1;
+`;
+
 /**
  * Opens every batch the store runs on its own pooled connections: everything but enqueue, which
  * may run in the caller's transaction. None of these may run inside a transaction: their locks
@@ -107,8 +111,7 @@ SET ROWCOUNT 0;
  * it reverts when the batch ends, like the SET options above.
  */
 export const MSSQL_STORE_SESSION = `IF @@TRANCOUNT <> 0
-  THROW ${MSSQL_OPEN_TRANSACTION}, N'nestjs-sql-queue: the store runs this statement in autocommit mode, but its connection has an open transaction', 1;
-${SESSION_SETTINGS}SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+${OPEN_TRANSACTION_THROW}${SESSION_SETTINGS}SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 `;
 
 /**
@@ -167,8 +170,7 @@ export const MSSQL_CALLER_TRANSACTION_GONE = 51002;
  * READ COMMITTED), plus XACT_ABORT for the transaction the statement opens itself.
  */
 const ENQUEUE_SESSION = `${SESSION_SETTINGS}IF @inTransaction = 0 AND @@TRANCOUNT <> 0
-  THROW ${MSSQL_OPEN_TRANSACTION}, N'nestjs-sql-queue: the store runs this statement in autocommit mode, but its connection has an open transaction', 1;
-IF @inTransaction = 1 AND @@TRANCOUNT = 0
+${OPEN_TRANSACTION_THROW}IF @inTransaction = 1 AND @@TRANCOUNT = 0
   THROW ${MSSQL_CALLER_TRANSACTION_GONE}, N'nestjs-sql-queue: the transaction passed to enqueue is no longer open on the server', 1;
 IF @inTransaction = 0
 BEGIN
@@ -250,7 +252,7 @@ export function mssqlQueries(schema: string): MssqlQueries {
   // A job whose RunAt is later than the statement's time waits as 'delayed', outside the ready
   // index the claim reads; the claim promotes it once due (see claim).
   const oneRunAt = `COALESCE(@runAt, ${shiftedNow('@delayMs', 1)})`;
-  const manyRunAt = `COALESCE(i.[RunAt], DATEADD(millisecond, CAST(i.[DelayMs] % 1000 AS int), DATEADD(second, CAST(i.[DelayMs] / 1000 AS int), SYSUTCDATETIME())))`;
+  const manyRunAt = `COALESCE(i.[RunAt], ${shiftedNow('i.[DelayMs]', 1)})`;
   const stateFor = (runAt: string) => `CASE WHEN ${runAt} > SYSUTCDATETIME() THEN 'delayed' ELSE 'ready' END`;
 
   return {
@@ -262,11 +264,12 @@ export function mssqlQueries(schema: string): MssqlQueries {
     // the reserved one, and nothing is read again after the insert.
     enqueueOne: `${ENQUEUE_SESSION}DECLARE @id bigint, @created bit = 1, @lock int, @refused nvarchar(2048);
 ${reserveIds('1', sequence)}
-DECLARE @recordedMaxAttempts int = (SELECT [MaxAttempts] FROM ${settings} WHERE [Queue] = @queue);
-DECLARE @jobMaxAttempts int = COALESCE(@maxAttempts, @recordedMaxAttempts, @defaultMaxAttempts);
-DECLARE @resource nvarchar(255) = ${keyLockResource(schema, '@queue', '@idempotencyKey')};
+DECLARE @jobMaxAttempts int = @maxAttempts, @resource nvarchar(255);
+IF @jobMaxAttempts IS NULL
+  SET @jobMaxAttempts = COALESCE((SELECT [MaxAttempts] FROM ${settings} WHERE [Queue] = @queue), @defaultMaxAttempts);
 ${keyedWork(`  IF @idempotencyKey IS NOT NULL
   BEGIN
+    SET @resource = ${keyLockResource(schema, '@queue', '@idempotencyKey')};
 ${takeKeyLock('    ')}
     SELECT @id = [Id] FROM ${jobs} WITH (READCOMMITTEDLOCK, FORCESEEK)
     WHERE [Queue] = @queue AND [IdempotencyKey] = @idempotencyKey AND [IdempotencyKey] IS NOT NULL;

@@ -213,7 +213,7 @@ FROM input LEFT JOIN completed ON completed.id = input.id`,
 ), failed AS (
   UPDATE ${jobs} AS j
   SET state = CASE WHEN i.dead OR j.attempts >= j.max_attempts THEN 'dead'
-                   WHEN now() + i.delay_ms * interval '1 millisecond' > now() THEN 'delayed' ELSE 'ready' END,
+                   WHEN i.delay_ms > 0 THEN 'delayed' ELSE 'ready' END,
       run_at = CASE WHEN i.dead OR j.attempts >= j.max_attempts THEN j.run_at
                     ELSE now() + i.delay_ms * interval '1 millisecond' END,
       finished_at = CASE WHEN i.dead OR j.attempts >= j.max_attempts THEN now() END,
