@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { QueueConsumer } from '../../lib/src/core/queue-consumer.js';
-import type { HeartbeatItem } from '../../lib/src/core/types.js';
+import type { HeartbeatItem, OwnedJob } from '../../lib/src/core/types.js';
 import { engineDeps, queueOptions, stopOnFakeClock } from '../helpers/engine.js';
 import { FakeClock } from '../helpers/fake-clock.js';
 import { MemoryStore } from '../helpers/memory-store.js';
@@ -24,6 +24,13 @@ class CappedStore extends MemoryStore {
     const jobs = await super.claim(request);
     for (const job of jobs) this.claimedAt.set(job.id, this.clock.now());
     return jobs;
+  }
+
+  readonly released: string[] = [];
+
+  override async release(items: readonly OwnedJob[]) {
+    this.released.push(...items.map((item) => item.id));
+    return super.release(items);
   }
 
   override async heartbeat(items: readonly HeartbeatItem[]) {
@@ -79,9 +86,13 @@ describe("prefetch 'auto' when handlers turn slow", () => {
     store.add(6);
     await clock.advance(1);
     expect(consumer.snapshot()).toMatchObject({ running: 1, buffered: 5 });
+    const buffered = ['2', '3', '4', '5', '6'];
     await clock.advance(35_000);
-    // The buffered jobs waited 30 s of their 60 s: back to ready, attempt not counted.
-    expect(consumer.snapshot().buffered).toBeLessThan(5);
+    // The buffered jobs waited 30 s of their 60 s: all given back to ready, attempt not counted.
+    expect(store.released.sort()).toEqual(buffered);
+    expect(consumer.snapshot().buffered).toBe(0);
+    // Past the 60 s cap of their first claim, none of them was reported lost.
+    await clock.advance(30_000);
     expect(lost).toEqual([]);
     await stopOnFakeClock(consumer, clock);
   });

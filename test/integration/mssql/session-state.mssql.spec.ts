@@ -97,9 +97,10 @@ describeEachMssqlDatabase('session state the store does not own', (db) => {
           workerId: WORKER,
         })),
       );
+      // A retry 60 s away waits as 'delayed' (schema 4), outside the claim's index.
       expect(failed.map((f) => [f.outcome, f.state])).toEqual([
-        ['ok', 'ready'],
-        ['ok', 'ready'],
+        ['ok', 'delayed'],
+        ['ok', 'delayed'],
       ]);
       await expectNoTransactionAfter('fail');
 
@@ -131,6 +132,8 @@ describeEachMssqlDatabase('session state the store does not own', (db) => {
           (r) => r.input('spid', sql.Int, before.Spid),
         );
         expect(locks.map((l) => `${l.Mode} ${l.ResourceType} ${l.Object ?? ''}`)).toEqual([]);
+      } else {
+        console.warn('session-state: lock check skipped, the login lacks VIEW SERVER STATE');
       }
       expect(await unlocked(queue)).toBe(6);
 
