@@ -1,7 +1,7 @@
 import { Injectable, Module, Scope } from '@nestjs/common';
-import { createServer } from 'node:net';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { QueueHandler, SqlQueueConfigError, SqlQueueModule, type SqlQueueModuleOptions } from '../../lib/src/index.js';
+import { freePort } from '../helpers/private-postgres.js';
 import { createQueueApp, type QueueAppOptions } from '../helpers/queue-app.js';
 
 // Issue 9 (friction in a fresh app). Before the fix, handlers were discovered and checked only
@@ -13,11 +13,7 @@ import { createQueueApp, type QueueAppOptions } from '../helpers/queue-app.js';
 let closedPortUrl: string;
 beforeAll(async () => {
   // A port that was free a moment ago: nothing listens there, so connecting is refused at once.
-  const server = createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as { port: number };
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  closedPortUrl = `postgres://postgres@127.0.0.1:${port}/test`;
+  closedPortUrl = `postgres://postgres@127.0.0.1:${await freePort()}/test`;
 });
 
 function bootOffline(options: Omit<QueueAppOptions, 'schema'> & { module?: Partial<SqlQueueModuleOptions> }) {

@@ -1,10 +1,9 @@
 import pg from 'pg';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createPostgresStore } from '../../lib/src/store/postgres/postgres.connect.js';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { pgQueries } from '../../lib/src/store/postgres/postgres.queries.js';
-import type { QueueStore } from '../../lib/src/core/queue-store.js';
 import { prepareJob } from '../../lib/src/core/validation.js';
-import { dropPgSchema, PG_URL, uniqueSchema } from '../helpers/databases.js';
+import { PG_URL, sql } from '../helpers/databases.js';
+import { migratedPgStore } from '../helpers/pg-store.js';
 
 interface PlanNode {
   'Node Type': string;
@@ -29,30 +28,21 @@ function scansOfJobs(node: PlanNode, out: PlanNode[] = []): PlanNode[] {
  * back) shows what it reads: rows of the jobs table returned or filtered out by every scan node.
  */
 describe('the PostgreSQL claim reads due work only, whatever the delayed backlog', () => {
-  const schema = uniqueSchema('claimplan');
+  const db = migratedPgStore('claimplan');
+  const schema = db.schema;
   const queue = 'plan.q';
   const delayed = 20_000;
   const limits = { maxPayloadBytes: 1024, defaultMaxAttempts: 3 };
-  let store: QueueStore;
 
   beforeAll(async () => {
-    store = createPostgresStore({ url: PG_URL, poolSize: 2 }, { schema });
-    await store.migrate('auto');
+    const store = db.store;
     const backlog = Array.from({ length: delayed }, (_, i) =>
       prepareJob(queue, { i }, { priority: 5, delayMs: 3_600_000 }, limits),
     );
     for (let i = 0; i < backlog.length; i += 5000) await store.enqueue(backlog.slice(i, i + 5000));
     await store.enqueue(Array.from({ length: 5 }, (_, i) => prepareJob(queue, { due: i }, { priority: 0 }, limits)));
-    const client = new pg.Client({ connectionString: PG_URL });
-    await client.connect();
-    await client.query(`ANALYZE "${schema}".jobs`);
-    await client.end();
+    await sql(PG_URL, `ANALYZE "${schema}".jobs`);
   }, 60_000);
-
-  afterAll(async () => {
-    await store.close();
-    await dropPgSchema(schema);
-  });
 
   /** The claim's plan, executed (EXPLAIN ANALYZE) in the caller's open transaction. */
   async function claimScans(client: pg.Client, limit: number) {
@@ -100,8 +90,8 @@ describe('the PostgreSQL claim reads due work only, whatever the delayed backlog
   });
 
   it('and the claim itself leases the due jobs', async () => {
-    const claimed = await store.claim({ queue, limit: 10, leaseMs: 30_000, workerId: 'plan-test' });
+    const claimed = await db.store.claim({ queue, limit: 10, leaseMs: 30_000, workerId: 'plan-test' });
     expect(claimed.map((c) => c.payload)).toEqual([0, 1, 2, 3, 4].map((due) => ({ due })));
-    expect(await store.stats(queue)).toMatchObject({ ready: 0, delayed, leased: 5 });
+    expect(await db.store.stats(queue)).toMatchObject({ ready: 0, delayed, leased: 5 });
   });
 });
