@@ -109,6 +109,13 @@ export function lostReplyDrills(target: DrillTarget): void {
       },
     );
     held.cut();
+    // The scenario needs a renewal sent after the completion committed (one queued behind the
+    // held connection reaches the wire once it is cut): without it the test proves nothing.
+    await waitFor(
+      () => wire.count('heartbeat', committedAt),
+      (n) => n > 0,
+      { timeoutMs: 10_000, what: 'a heartbeat sent after the completion committed' },
+    );
     await a.event('completed', (m) => m.jobId === id, 15_000);
     expect(await row(id)).toMatchObject({ state: 'done', worker_id: 'drill3c-A', attempts: 1 });
     expect(a.received('event', 'lostOwnership')).toEqual([]);
