@@ -33,9 +33,13 @@ export type { SqlQueueMssqlUrlConfig } from './store/mssql/mssql.config.js';
 export type { SqlQueueMssqlConfig, SqlQueueMssqlPool, SqlQueuePgPool, SqlQueuePGlite } from './store/driver-shapes.js';
 export type {
   AttemptRecord,
+  BlockedGroup,
+  BlockedGroupPage,
   DeadJobPage,
   EnqueueOptions,
   EnqueueResult,
+  GroupOnDead,
+  GroupRepair,
   JobId,
   JobRecord,
   JobState,

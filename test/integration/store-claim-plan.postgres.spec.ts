@@ -48,7 +48,7 @@ describe('the PostgreSQL claim reads due work only, whatever the delayed backlog
   async function claimScans(client: pg.Client, limit: number) {
     const { rows } = await client.query<{ 'QUERY PLAN': [{ Plan: PlanNode }] }>(
       `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ${pgQueries(schema).claim}`,
-      [queue, limit, 30_000, 'plan-test'],
+      [queue, limit, 30_000, 'plan-test', 1],
     );
     return scansOfJobs(rows[0]!['QUERY PLAN'][0].Plan).map((n) => ({
       node: `${n['Node Type']} ${n['Index Name'] ?? ''}`.trim(),

@@ -812,6 +812,7 @@ export function describeStoreContract(target: StoreTarget): void {
           expiredLeases: 0,
           dead: 0,
           retrying: 0,
+          blockedGroups: 0,
           oldestReadyAgeMs: 0,
         });
         await store.enqueue([job(queue, { old: true }, { runAt: new Date(Date.now() - 120_000) })]);
@@ -974,6 +975,7 @@ export function describeStoreContract(target: StoreTarget): void {
           expiredLeases: 0,
           dead: 1,
           retrying: 1,
+          blockedGroups: 0,
           repeatedlyFailing: 1,
           recentFailures: 4,
           recentLeaseExpiries: 1,

@@ -60,11 +60,11 @@ describe('nestjs-sql-queue sql', () => {
   });
 
   it('--from the latest version prints no migration but a valid, repeatable script', async () => {
-    expect(PG_LATEST_VERSION).toBe(3);
+    expect(PG_LATEST_VERSION).toBe(4);
     expect(MSSQL_LATEST_VERSION).toBe(4);
-    const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '3');
+    const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '4');
     expect(pg.code).toBe(0);
-    expect(pg.stdout).toBe(pgInstallScript('demo', 3));
+    expect(pg.stdout).toBe(pgInstallScript('demo', 4));
     expect(pg.stdout).not.toContain('INSERT INTO');
     expect(pg.stdout).not.toContain('CREATE TABLE "demo".jobs');
     expect(pg.stdout).toContain('BEGIN;');
@@ -83,7 +83,7 @@ describe('nestjs-sql-queue sql', () => {
       `CREATE INDEX jobs_delayed_ix ON "demo".jobs (queue, run_at, id) WHERE state = 'delayed'`,
     );
     expect(pg.stdout).toContain(`UPDATE "demo".jobs SET state = 'delayed' WHERE state = 'ready' AND run_at > now()`);
-    expect(pg.stdout).not.toContain('queue_settings');
+    expect(pg.stdout).not.toContain('CREATE TABLE "demo".queue_settings');
     const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '3');
     expect(mssql.stdout).toContain('ALTER TABLE [demo].[Jobs] DROP CONSTRAINT [CK_Jobs_State];');
     expect(mssql.stdout).toContain('CREATE NONCLUSTERED INDEX [IX_Jobs_Delayed]');

@@ -23,6 +23,7 @@ function setup(options: { registry?: Registry; reading?: () => QueueHealthReadin
         expiredLeases: 1,
         dead: 4,
         retrying: 1,
+        blockedGroups: 3,
         oldestReadyAgeMs: 90_000,
         recentFailures: 5,
         recentLeaseExpiries: 1,
@@ -70,11 +71,14 @@ describe('SqlQueuePrometheusExporter', () => {
     emit('failed', { queue: q.queue, jobId: '2', attempt: 1, dead: false, error: 'x' });
     emit('lostOwnership', { queue: q.queue, jobId: '3', during: 'complete', outcome: 'lost' });
     emit('readersChanged', { queue: q.queue, readers: 2, reason: 'activation' });
+    emit('groupRepaired', { queue: q.queue, groupKey: 'order-7', problem: 'head 9 is not the first unfinished job 8' });
     const m = await scrape();
     expect(sampleValue(m, 'sqlqueue_stats_up')).toBe(1);
     expect(sampleValue(m, 'sqlqueue_jobs', { ...q, state: 'dead' })).toBe(4);
     expect(sampleValue(m, 'sqlqueue_oldest_ready_age_seconds', q)).toBe(90);
     expect(sampleValue(m, 'sqlqueue_expired_leases', q)).toBe(1);
+    expect(sampleValue(m, 'sqlqueue_blocked_groups', q)).toBe(3);
+    expect(sampleValue(m, 'sqlqueue_group_repairs_total', q)).toBe(1);
     expect(sampleValue(m, 'sqlqueue_recent_failures', { ...q, outcome: 'lease_expired' })).toBe(1);
     expect(sampleValue(m, 'sqlqueue_readers', q)).toBe(2);
     expect(sampleValue(m, 'sqlqueue_claim_loop_idle_seconds', q)).toBe(1.5);

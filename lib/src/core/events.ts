@@ -24,6 +24,11 @@ export interface QueueEventListener {
   }): void;
   readersChanged?(event: { queue: string; readers: number; reason: 'start' | 'activation' | 'retire' | 'stop' }): void;
   abandoned?(event: { queue: string; jobId: string }): void;
+  /**
+   * The repair sweep found an ordered group whose cached state disagreed with its jobs, and
+   * fixed it. Normal operation never causes one: each is worth a look.
+   */
+  groupRepaired?(event: { queue: string; groupKey: string; problem: string }): void;
 }
 
 export function safeEmit<K extends keyof QueueEventListener>(

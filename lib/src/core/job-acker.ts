@@ -28,6 +28,16 @@ export interface HeldJob {
   lost: boolean;
   timedOut: boolean;
   shutdownAborted: boolean;
+  /**
+   * The rest of an ordered group's batch (same claim token), run after this job, in order, by
+   * the same reader; empty for any other job.
+   */
+  followers: HeldJob[];
+}
+
+/** A buffered job and the group batch it heads: what a reader takes, and what is given back together. */
+export function withFollowers(held: HeldJob): HeldJob[] {
+  return held.followers.length === 0 ? [held] : [held, ...held.followers];
 }
 
 /** The job's abort signal, created on demand (already aborted if the job was). */

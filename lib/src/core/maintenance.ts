@@ -1,6 +1,7 @@
 import type { ResolvedRetentionOptions } from './options.js';
 import type { QueueStore } from './queue-store.js';
-import type { ReapedJob } from './types.js';
+import { safeEmit, type QueueEventListener } from './events.js';
+import type { GroupRepair, ReapedJob } from './types.js';
 
 /**
  * Returns expired leases to ready (or dead), batch after batch, until a batch comes back
@@ -35,4 +36,20 @@ export async function cleanupFinishedJobs(
     if (deleted < options.batchSize) break;
   }
   return total;
+}
+
+/**
+ * One step of the ordered groups' repair sweep: checks up to `limit` groups (the sweep resumes
+ * where the store's last call stopped), fixes those whose cached state disagrees with their jobs
+ * and reports each fix to the listeners (`groupRepaired`, counted as
+ * sqlqueue_group_repairs_total).
+ */
+export async function repairGroups(
+  store: QueueStore,
+  limit: number,
+  listeners: readonly QueueEventListener[],
+): Promise<GroupRepair[]> {
+  const repairs = await store.repairGroups(limit);
+  for (const repair of repairs) safeEmit(listeners, 'groupRepaired', repair);
+  return repairs;
 }

@@ -1,5 +1,6 @@
 import { retryDelayFor, type BackoffOption, type RetryDelay } from './backoff.js';
 import { SqlQueueConfigError } from './errors.js';
+import type { GroupOnDead } from './types.js';
 import {
   assertBoolean,
   assertInteger,
@@ -49,6 +50,19 @@ export interface QueueOptions {
   minPollMs?: number;
   /** Longest pause after empty claims (default from `consumer.maxPollMs`). */
   maxPollMs?: number;
+  /**
+   * Ordered groups (jobs enqueued with a `groupKey`): when one of a group's jobs dies, `continue`
+   * (default) runs the group's next job; `block` stops the group until the dead job is retried
+   * or purged (see `stats().blockedGroups` and `listBlockedGroups`). Recorded in the database at
+   * boot, so every process applies the queue's consumers' choice.
+   */
+  groupOnDead?: GroupOnDead;
+  /**
+   * Jobs of one ordered group leased together by one claim and run in order by one reader
+   * (default 1). Larger batches save round trips for deep groups; a job not due yet ends a
+   * batch, a failure gives the rest back, and `maxDurationMs` counts from the batch's claim.
+   */
+  groupBatchSize?: number;
 }
 
 export interface ConsumerOptions {
@@ -96,6 +110,8 @@ export interface ResolvedQueueOptions {
   retryDelay: RetryDelay;
   minPollMs: number;
   maxPollMs: number;
+  groupOnDead: GroupOnDead;
+  groupBatchSize: number;
 }
 
 export interface ResolvedConsumerOptions {
@@ -132,6 +148,8 @@ const QUEUE_OPTION_KEYS: readonly (keyof QueueOptions)[] = [
   'backoff',
   'minPollMs',
   'maxPollMs',
+  'groupOnDead',
+  'groupBatchSize',
 ];
 
 export function resolveConsumerOptions(raw: ConsumerOptions | undefined): ResolvedConsumerOptions {
@@ -219,6 +237,10 @@ export function validateQueueOptions(where: string, raw: unknown): QueueOptions 
   check('maxAttempts', 1, MAX_ATTEMPTS_LIMIT);
   check('minPollMs', 1, 60_000);
   check('maxPollMs', 1, 300_000);
+  check('groupBatchSize', 1, 1_000);
+  if (o.groupOnDead !== undefined && o.groupOnDead !== 'continue' && o.groupOnDead !== 'block') {
+    throw new SqlQueueConfigError(`${where}.groupOnDead must be 'continue' or 'block', got ${describe(o.groupOnDead)}`);
+  }
   if (o.maxDurationMs !== undefined && o.maxDurationMs !== null)
     assertInteger(`${where}.maxDurationMs`, o.maxDurationMs, 1, INT_MAX);
   if (o.backoff !== undefined) retryDelayFor(o.backoff, where);
@@ -262,6 +284,8 @@ export function resolveQueueOptions(
     retryDelay: retryDelayFor(merged.backoff, where),
     minPollMs,
     maxPollMs,
+    groupOnDead: merged.groupOnDead ?? 'continue',
+    groupBatchSize: merged.groupBatchSize ?? 1,
   };
 }
 

@@ -2,6 +2,7 @@ import { SqlQueueValidationError } from './errors.js';
 import type { QueueStore } from './queue-store.js';
 import type {
   AttemptRecord,
+  BlockedGroupPage,
   DeadJobPage,
   EnqueueOptions,
   EnqueueResult,
@@ -159,7 +160,24 @@ export class QueueProducerCore {
       options.olderThanMs === undefined
         ? 0
         : assertInteger('purgeDead olderThanMs', options.olderThanMs, 0, MAX_AGE_MS, SqlQueueValidationError);
-    return this.store.purgeDead(queue, { olderThanMs });
+    const purged = await this.store.purgeDead(queue, { olderThanMs });
+    // A purged job may have blocked an ordered group, whose next job can run now.
+    if (purged > 0) this.wake(queue);
+    return purged;
+  }
+
+  /** Ordered groups stopped by a dead job (`groupOnDead: 'block'`), by group key, `limit` (default 50) per page. */
+  async listBlockedGroups(
+    queue: string,
+    page: { limit?: number; afterKey?: string | null } = {},
+  ): Promise<BlockedGroupPage> {
+    assertQueueName(queue);
+    const limit = assertInteger('listBlockedGroups limit', page.limit ?? 50, 1, 1000, SqlQueueValidationError);
+    const afterKey = page.afterKey ?? null;
+    if (afterKey !== null && typeof afterKey !== 'string') {
+      throw new SqlQueueValidationError(`listBlockedGroups afterKey must be a string, got ${describe(afterKey)}`);
+    }
+    return this.store.listBlockedGroups(queue, { limit, afterKey });
   }
 
   private prepare(queue: string, payload: unknown, options: EnqueueOptions, where?: string): NewJob {

@@ -9,7 +9,7 @@ import {
 } from './errors.js';
 import { safeEmit } from './events.js';
 import type { JobContext, JobHandler } from './handler.js';
-import { abortJob, JobAcker, signalOf, type AckerDeps, type HeldJob } from './job-acker.js';
+import { abortJob, JobAcker, signalOf, withFollowers, type AckerDeps, type HeldJob } from './job-acker.js';
 import { ThrottledErrorLog } from './logger.js';
 import type { ResolvedQueueOptions } from './options.js';
 import { settleWithin, withTimeout } from './timeout.js';
@@ -55,7 +55,7 @@ export class QueueConsumer {
   private readonly buffer: HeldJob[] = [];
   private readonly held = new Map<string, HeldJob>();
   /** Keyed by the hold, not the job id: a job re-claimed here while its old run ends is a new entry. */
-  private readonly running = new Map<HeldJob, Promise<void>>();
+  private readonly running = new Map<HeldJob, Promise<unknown>>();
   /** Claim statements in flight, and how many jobs they asked for. */
   private claimsInFlight = 0;
   private requested = 0;
@@ -97,7 +97,7 @@ export class QueueConsumer {
     const now = () => deps.clock.now();
     this.claimErrors = new ThrottledErrorLog(deps.logger, `claiming from queue '${options.queue}'`, now);
     this.heartbeatErrors = new ThrottledErrorLog(deps.logger, `renewing leases in queue '${options.queue}'`, now);
-    this.acker = new JobAcker(deps, options, (held) => this.forget(held));
+    this.acker = new JobAcker(deps, options, (held) => this.settled(held));
   }
 
   get queue(): string {
@@ -161,17 +161,7 @@ export class QueueConsumer {
       for (;;) {
         const held = await this.take();
         if (!held) return;
-        try {
-          await this.run(held);
-        } catch (error) {
-          // A bug must not take the reader down or keep renewing a lease for nothing: the job
-          // is let go, and its lease brings it back.
-          this.deps.logger.error(
-            `job ${held.job.id} in queue '${this.queue}': unexpected error after its handler ran; the job comes back when its lease expires: ${describeReason(error)}`,
-            error instanceof Error ? error.stack : undefined,
-          );
-          this.forget(held);
-        }
+        await this.runBatch(withFollowers(held));
       }
     } finally {
       this.readers--;
@@ -180,6 +170,36 @@ export class QueueConsumer {
         readers: this.readers,
         reason: this.stopping ? 'stop' : 'retire',
       });
+    }
+  }
+
+  /**
+   * Runs one job, or an ordered group's batch in id order, each after the one before completed.
+   * A batch stops at the first job that does not complete: a failure's statement gives the rest
+   * back in the database (as does a reaped or lost lease), so they are only let go here; a job
+   * given back, or shutdown, gives the rest back with it.
+   */
+  private async runBatch(batch: HeldJob[]): Promise<void> {
+    for (const [index, held] of batch.entries()) {
+      let outcome: RunOutcome;
+      try {
+        outcome = await this.run(held);
+      } catch (error) {
+        // A bug must not take the reader down or keep renewing a lease for nothing: the job
+        // is let go, and its lease brings it back.
+        this.deps.logger.error(
+          `job ${held.job.id} in queue '${this.queue}': unexpected error after its handler ran; the job comes back when its lease expires: ${describeReason(error)}`,
+          error instanceof Error ? error.stack : undefined,
+        );
+        this.forget(held);
+        outcome = 'ended';
+      }
+      const rest = batch.slice(index + 1);
+      if (rest.length === 0) return;
+      if (outcome === 'completed' && !this.stopping) continue;
+      if (outcome === 'ended') for (const follower of rest) this.forget(follower);
+      else this.acker.release(rest);
+      return;
     }
   }
 
@@ -259,6 +279,7 @@ export class QueueConsumer {
         limit,
         leaseMs: this.options.leaseMs,
         workerId: this.deps.workerId,
+        groupBatchSize: this.options.groupBatchSize,
       });
       this.claimErrors.succeeded();
       this.errorBackoffMs = ERROR_BACKOFF_MIN_MS;
@@ -296,7 +317,11 @@ export class QueueConsumer {
       durationMs: this.deps.clock.now() - startedAt,
     });
     this.pollBackoff.reset();
-    for (const job of claimed) this.buffer.push(this.hold(job, claimedAtLocal));
+    for (const batch of claimedUnits(claimed)) {
+      const [first, ...followers] = batch.map((job) => this.hold(job, claimedAtLocal));
+      first!.followers = followers;
+      this.buffer.push(first!);
+    }
   }
 
   /** Waits between claims; a wake-up or shutdown ends the wait early. */
@@ -359,10 +384,11 @@ export class QueueConsumer {
     }
     if (stale.length === 0) return;
     this.buffer.splice(0, this.buffer.length, ...kept);
+    const jobs = stale.flatMap(withFollowers);
     this.deps.logger.debug?.(
-      `queue '${this.queue}': gave back ${stale.length} prefetched job(s) that handlers would not reach soon`,
+      `queue '${this.queue}': gave back ${jobs.length} prefetched job(s) that handlers would not reach soon`,
     );
-    this.acker.release(stale);
+    this.acker.release(jobs);
   }
 
   // ---- running a job ----------------------------------------------------------------------
@@ -382,9 +408,20 @@ export class QueueConsumer {
       lost: false,
       timedOut: false,
       shutdownAborted: false,
+      followers: [],
     };
     this.held.set(job.id, held);
     return held;
+  }
+
+  /**
+   * The job's outcome is recorded. An ordered group's next job became claimable with it, but
+   * a claim sent meanwhile saw the group still held and may have started an idle pause: claim
+   * again now, so a group's jobs follow each other without waiting out a poll interval.
+   */
+  private settled(held: HeldJob): void {
+    this.forget(held);
+    if (held.job.groupKey !== null) this.wake();
   }
 
   /** The job leaves this worker's hands: no more heartbeats. */
@@ -392,11 +429,11 @@ export class QueueConsumer {
     if (this.held.get(held.job.id) === held) this.held.delete(held.job.id);
   }
 
-  private async run(held: HeldJob): Promise<void> {
+  private async run(held: HeldJob): Promise<RunOutcome> {
     const { job } = held;
     if (held.aborted) {
       this.forget(held); // its lease was lost or ran out while it waited
-      return;
+      return 'ended';
     }
     const context: JobContext = {
       jobId: job.id,
@@ -415,13 +452,13 @@ export class QueueConsumer {
     const execution = this.execute(held, context);
     this.running.set(held, execution);
     try {
-      await execution;
+      return await execution;
     } finally {
       this.running.delete(held);
     }
   }
 
-  private async execute(held: HeldJob, context: JobContext): Promise<void> {
+  private async execute(held: HeldJob, context: JobContext): Promise<RunOutcome> {
     const { job } = held;
     const startedAt = this.deps.clock.now();
     held.startedAtLocal = startedAt;
@@ -453,7 +490,7 @@ export class QueueConsumer {
       );
       safeEmit(this.deps.listeners, 'abandoned', { queue: job.queue, jobId: job.id });
       this.forget(held);
-      return;
+      return 'ended';
     }
     const outcome = result;
     this.handlerMs.add(this.deps.clock.now() - startedAt);
@@ -462,17 +499,18 @@ export class QueueConsumer {
     // in the database is the arbiter, and its refusal is what gets logged and counted.
     if (outcome.ok) {
       this.acker.complete(held);
-      return;
+      return held.lost ? 'ended' : 'completed';
     }
-    if (held.timedOut) return; // the timeout was already recorded as this attempt's failure (and forgotten)
+    if (held.timedOut) return 'ended'; // the timeout was already recorded as this attempt's failure (and forgotten)
     if (held.shutdownAborted && !held.lost) {
       // Stopped by shutdown, not by its own fault: give the job back without using an attempt.
       this.acker.release([held]);
-      return;
+      return 'released';
     }
     const error = outcome.error;
     const dead = error instanceof SqlQueueUnrecoverableError;
     this.acker.fail(held, error, dead ? 0 : this.options.retryDelay(job.attempt, error), dead);
+    return 'ended';
   }
 
   // ---- leases -----------------------------------------------------------------------------
@@ -581,12 +619,15 @@ export class QueueConsumer {
     if (!this.dropBuffered(held) && !this.running.has(held)) this.forget(held);
   }
 
-  /** Takes a job that has not started out of the buffer and out of this worker's hands. */
+  /**
+   * Takes a job that has not started out of the buffer and out of this worker's hands, with the
+   * rest of its group batch: they share its claim token, so they are lost with it.
+   */
   private dropBuffered(held: HeldJob): boolean {
     const index = this.buffer.indexOf(held);
     if (index < 0) return false;
     this.buffer.splice(index, 1);
-    this.forget(held);
+    for (const job of withFollowers(held)) this.forget(job);
     return true;
   }
 
@@ -616,7 +657,7 @@ export class QueueConsumer {
     this.stopping = true;
     this.endPauses();
     while (this.waiting.length > 0) this.waiting.shift()!(null);
-    const released = this.buffer.splice(0);
+    const released = this.buffer.splice(0).flatMap(withFollowers);
     this.acker.release(released);
 
     // Claims already sent: wait for them (bounded), so the jobs they bring back are given back
@@ -652,6 +693,39 @@ export class QueueConsumer {
     await settleWithin(Promise.all([...this.background]), 5_000);
     return { finished: runningAtStop - aborted, aborted, released: released.length };
   }
+}
+
+/**
+ * How a job's run ended, for the batch it belongs to: `completed` (its completion is on its
+ * way), `released` (given back unstarted or stopped by shutdown), `ended` (failed, timed out,
+ * lost or abandoned: its batch siblings come back through the database, not from here).
+ */
+type RunOutcome = 'completed' | 'released' | 'ended';
+
+/**
+ * Claimed jobs as units of work: an ordered group's batch (jobs sharing a group key and a claim
+ * token) in id order, every other job on its own.
+ */
+function claimedUnits(claimed: readonly ClaimedJob[]): ClaimedJob[][] {
+  const units: ClaimedJob[][] = [];
+  const batches = new Map<string, ClaimedJob[]>();
+  for (const job of claimed) {
+    if (job.groupKey === null) {
+      units.push([job]);
+      continue;
+    }
+    const batch = batches.get(job.claimToken);
+    if (batch) batch.push(job);
+    else {
+      const unit = [job];
+      batches.set(job.claimToken, unit);
+      units.push(unit);
+    }
+  }
+  for (const batch of batches.values()) {
+    if (batch.length > 1) batch.sort((a, b) => (BigInt(a.id) < BigInt(b.id) ? -1 : 1));
+  }
+  return units;
 }
 
 function describeReason(reason: unknown): string {

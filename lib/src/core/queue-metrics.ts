@@ -129,6 +129,8 @@ export interface QueueEventFigures {
   lostOwnership: { heartbeat: number; complete: number; fail: number; release: number };
   /** Handlers that ignored their abort signal; the reader moved on and the lease decides. */
   abandoned: number;
+  /** Ordered groups this process's repair sweep found inconsistent and fixed (should stay 0). */
+  groupRepairs: number;
   /** Readers started by the activation rule (work waiting, readers busy), and readers retired. */
   readerActivations: number;
   readerRetirements: number;
@@ -174,6 +176,7 @@ export class QueueEventMetrics implements QueueEventListener {
       deadLettered: 0,
       lostOwnership: { heartbeat: 0, complete: 0, fail: 0, release: 0 },
       abandoned: 0,
+      groupRepairs: 0,
       readerActivations: 0,
       readerRetirements: 0,
       readers: null,
@@ -211,6 +214,10 @@ export class QueueEventMetrics implements QueueEventListener {
 
   abandoned(event: { queue: string }): void {
     this.of(event.queue).abandoned++;
+  }
+
+  groupRepaired(event: { queue: string }): void {
+    this.of(event.queue).groupRepairs++;
   }
 
   readersChanged(event: { queue: string; readers: number; reason: 'start' | 'activation' | 'retire' | 'stop' }): void {
@@ -252,6 +259,7 @@ export function emptyQueueHealth(queue: string): QueueHealth {
     expiredLeases: 0,
     dead: 0,
     retrying: 0,
+    blockedGroups: 0,
     oldestReadyAgeMs: 0,
     recentFailures: 0,
     recentLeaseExpiries: 0,

@@ -1,4 +1,5 @@
 import type {
+  BlockedGroupPage,
   CleanupRequest,
   ClaimedJob,
   ClaimRequest,
@@ -6,6 +7,7 @@ import type {
   DeadJobPage,
   EnqueueResult,
   FailItem,
+  GroupRepair,
   FailResult,
   HeartbeatItem,
   HeartbeatResult,
@@ -80,6 +82,21 @@ export interface QueueStore {
 
   /** Returns up to `batchSize` expired leases to ready (or dead when out of attempts). */
   reap(batchSize: number): Promise<ReapedJob[]>;
+
+  /**
+   * Ordered groups stopped by a dead job, by group key. Index-backed (blocked groups only).
+   */
+  listBlockedGroups(queue: string, page: { limit: number; afterKey?: string | null }): Promise<BlockedGroupPage>;
+
+  /**
+   * The repair sweep, run by the reaper: checks the cached state of up to `limit` ordered groups
+   * (resuming where the last call stopped, so every group is visited over successive calls)
+   * against their jobs, fixes the ones that disagree and returns them. Normal operation never
+   * needs a fix: each one is a bug or a manual edit, and is counted in a metric that should
+   * stay 0. Never waits on a producer's or claimer's open transaction (such groups are skipped
+   * and checked on a later pass).
+   */
+  repairGroups(limit: number): Promise<GroupRepair[]>;
 
   /** Cheap probe: is there at least one due job that no one holds? Never waits on open transactions. */
   hasClaimableWork(queue: string): Promise<boolean>;

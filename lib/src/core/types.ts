@@ -22,7 +22,11 @@ export interface EnqueueOptions {
   delayMs?: number;
   /** Higher runs first; default 0. Ordering is best effort, never a FIFO promise. */
   priority?: number;
-  /** Jobs sharing a group key are meant to run one at a time, in enqueue order. */
+  /**
+   * Ordered group: jobs of one queue with the same key run one at a time, in enqueue (id)
+   * order, each after the one before it finished (done, or dead under `groupOnDead: 'continue'`);
+   * different groups run in parallel. A job waiting for a retry keeps its place.
+   */
   groupKey?: string;
   /**
    * Attempts before the job is dead. Default: what the queue's consumers recorded at boot (their
@@ -51,10 +55,21 @@ export interface NewJob {
   defaultMaxAttempts: number;
 }
 
-/** What a queue's consumers apply, recorded so producers elsewhere store the same with each job. */
+/**
+ * What happens to an ordered group when one of its jobs dies: `continue` runs the next job (the
+ * dead one keeps its diagnosis); `block` stops the group until the dead job is retried or purged.
+ */
+export type GroupOnDead = 'continue' | 'block';
+
+/**
+ * What a queue's consumers apply, recorded in the database at their boot so that every process
+ * (producers, reapers, other consumers) applies the same.
+ */
 export interface QueueSetting {
   queue: string;
   maxAttempts: number;
+  /** Default 'continue'. */
+  groupOnDead?: GroupOnDead;
 }
 
 export interface EnqueueResult {
@@ -82,7 +97,17 @@ export interface ClaimedJob {
 
 export interface ClaimRequest {
   queue: string;
+  /**
+   * Most units to lease: an ungrouped job is one unit, and so is a group batch (the head of an
+   * ordered group plus up to `groupBatchSize - 1` following due jobs of that group).
+   */
   limit: number;
+  /**
+   * Most jobs leased from one ordered group in one claim (1: the head only). A group batch comes
+   * back as consecutive jobs in id order sharing one claim token, to be run in that order by one
+   * reader; a job not due yet (or leased) ends the batch. Default 1.
+   */
+  groupBatchSize?: number;
   leaseMs: number;
   /** Identifies the worker in the job row and attempt history (host:pid:…); diagnostic only. */
   workerId: string;
@@ -159,6 +184,33 @@ export interface QueueStats {
   oldestReadyAgeMs: number;
   /** Waiting jobs (ready or delayed) that have already failed at least once. */
   retrying: number;
+  /** Ordered groups stopped by a dead job (`groupOnDead: 'block'`) until it is retried or purged. */
+  blockedGroups: number;
+}
+
+/** An ordered group stopped by a dead job under `groupOnDead: 'block'`. */
+export interface BlockedGroup {
+  groupKey: string;
+  /** The dead job that blocks the group: retry it (`retryDead`) or purge it to release the group. */
+  jobId: JobId;
+  /** The dead job's last error. */
+  error: string | null;
+  /** When the job died. */
+  diedAt: Date | null;
+}
+
+export interface BlockedGroupPage {
+  groups: BlockedGroup[];
+  /** Pass as `afterKey` for the next page; null at the end. */
+  nextAfterKey: string | null;
+}
+
+/** A group whose cached state disagreed with its jobs, found and fixed by the repair sweep. */
+export interface GroupRepair {
+  queue: string;
+  groupKey: string;
+  /** What was wrong, for the log line (e.g. "head 12 is not the first unfinished job 10"). */
+  problem: string;
 }
 
 export type AttemptOutcome = 'failed' | 'lease-expired' | 'completed';

@@ -199,22 +199,26 @@ export function prepareJob(
  * Queue settings checked and made one per queue (the last given wins), in queue order, so
  * processes recording at the same time lock the same rows in the same order.
  */
-export function settingsByQueue(settings: readonly QueueSetting[]): QueueSetting[] {
-  const byQueue = new Map<string, number>();
+export function settingsByQueue(settings: readonly QueueSetting[]): Required<QueueSetting>[] {
+  const byQueue = new Map<string, Required<QueueSetting>>();
   for (const setting of settings) {
     const queue = assertQueueName(setting.queue);
-    byQueue.set(
-      queue,
-      assertInteger(
-        `queue '${queue}' maxAttempts`,
-        setting.maxAttempts,
-        1,
-        MAX_ATTEMPTS_LIMIT,
-        SqlQueueValidationError,
-      ),
+    const maxAttempts = assertInteger(
+      `queue '${queue}' maxAttempts`,
+      setting.maxAttempts,
+      1,
+      MAX_ATTEMPTS_LIMIT,
+      SqlQueueValidationError,
     );
+    const groupOnDead = setting.groupOnDead ?? 'continue';
+    if (groupOnDead !== 'continue' && groupOnDead !== 'block') {
+      throw new SqlQueueValidationError(
+        `queue '${queue}' groupOnDead must be 'continue' or 'block', got ${describe(groupOnDead)}`,
+      );
+    }
+    byQueue.set(queue, { queue, maxAttempts, groupOnDead });
   }
-  return [...byQueue.keys()].sort().map((queue) => ({ queue, maxAttempts: byQueue.get(queue)! }));
+  return [...byQueue.keys()].sort().map((queue) => byQueue.get(queue)!);
 }
 
 /**

@@ -9,13 +9,16 @@ import {
 import { SchedulerRegistry } from '@nestjs/schedule';
 import { SqlQueueConfigError } from '../core/errors.js';
 import { ThrottledErrorLog } from '../core/logger.js';
-import { cleanupFinishedJobs, reapExpiredLeases } from '../core/maintenance.js';
+import { cleanupFinishedJobs, reapExpiredLeases, repairGroups } from '../core/maintenance.js';
 import { settleWithin } from '../core/timeout.js';
 import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
 import type { SqlQueueRuntime } from './sql-queue.runtime.js';
 
+/** Reaper runs per run of the ordered groups' repair sweep. */
+const REPAIR_EVERY = 12;
+
 /**
- * Schedules the lease reaper (and retention cleanup) through the application's
+ * Schedules the lease reaper (with the ordered groups' repair sweep) and retention cleanup through the application's
  * SchedulerRegistry. The library never calls ScheduleModule.forRoot() itself: a second call
  * would run the application's own @Cron/@Interval jobs twice. Runs never overlap, errors are
  * logged (throttled) and never escape the timer, and every instance may run it at once.
@@ -37,6 +40,7 @@ export class LeaseReaperScheduler implements OnApplicationBootstrap, BeforeAppli
     if (!reaper.enabled && !retention.enabled) return;
     if (reaper.enabled) {
       const errors = new ThrottledErrorLog(this.logger, 'lease reaper', Date.now);
+      let runs = 0;
       this.schedule(
         `nestjs-sql-queue:${schema}:lease-reaper`,
         reaper.intervalMs,
@@ -47,6 +51,15 @@ export class LeaseReaperScheduler implements OnApplicationBootstrap, BeforeAppli
             const message = `job ${job.id} in queue '${job.queue}': lease expired (attempt ${job.attempt}), ${job.state === 'dead' ? 'moved to dead, no attempts left' : 'returned to ready'}`;
             if (job.state === 'dead') this.logger.error(message);
             else this.logger.warn(message);
+          }
+          // The repair sweep is a safety net, not a path jobs depend on: at boot, then every
+          // REPAIR_EVERY runs (a minute at the default interval), one statement when all is well.
+          if (runs++ % REPAIR_EVERY !== 0) return;
+          const repairs = await repairGroups(this.runtime.store, reaper.batchSize, this.runtime.options.listeners);
+          for (const repair of repairs) {
+            this.logger.error(
+              `ordered group '${repair.groupKey}' in queue '${repair.queue}': ${repair.problem}; repaired (a bug or a manual edit: please report it)`,
+            );
           }
         },
         errors,

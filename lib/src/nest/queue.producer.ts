@@ -1,6 +1,14 @@
 import { Inject, Injectable } from '@nestjs/common';
 import type { EnqueueCallOptions, EnqueueItem } from '../core/producer.js';
-import type { AttemptRecord, DeadJobPage, EnqueueResult, JobId, JobRecord, QueueStats } from '../core/types.js';
+import type {
+  AttemptRecord,
+  BlockedGroupPage,
+  DeadJobPage,
+  EnqueueResult,
+  JobId,
+  JobRecord,
+  QueueStats,
+} from '../core/types.js';
 import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
 import type { SqlQueueRuntime } from './sql-queue.runtime.js';
 
@@ -58,6 +66,15 @@ export class QueueProducer {
   /** Deletes dead jobs of a queue (only those dead longer than `olderThanMs`, if given). */
   purgeDead(queue: string, options?: { olderThanMs?: number }): Promise<number> {
     return this.runtime.producer.purgeDead(queue, options);
+  }
+
+  /**
+   * Ordered groups stopped by a dead job (`groupOnDead: 'block'`), by group key, `limit`
+   * (default 50) per page; pass `nextAfterKey` on. Retry (`retryDead`) or purge the blocking job
+   * to release its group.
+   */
+  listBlockedGroups(queue: string, page?: { limit?: number; afterKey?: string | null }): Promise<BlockedGroupPage> {
+    return this.runtime.producer.listBlockedGroups(queue, page);
   }
 
   /**

@@ -29,7 +29,7 @@ export class SqlQueueRuntime {
   readonly producer: QueueProducerCore;
   readonly workerId: string;
   /** Queue settings this process recorded (consumers only). */
-  private readonly recorded = new Map<string, number>();
+  private readonly recorded = new Map<string, string>();
   private closed = false;
 
   constructor(
@@ -64,10 +64,13 @@ export class SqlQueueRuntime {
    */
   async recordQueueSettings(queues: readonly QueueSetting[]): Promise<void> {
     if (!this.options.consumer.enabled) return;
-    const changed = queues.filter((queue) => this.recorded.get(queue.queue) !== queue.maxAttempts);
+    const signature = (setting: QueueSetting) => `${setting.maxAttempts}/${setting.groupOnDead ?? 'continue'}`;
+    const changed = queues.filter((queue) => this.recorded.get(queue.queue) !== signature(queue));
     if (changed.length === 0) return;
-    await this.store.recordQueueSettings(changed.map(({ queue, maxAttempts }) => ({ queue, maxAttempts })));
-    for (const { queue, maxAttempts } of changed) this.recorded.set(queue, maxAttempts);
+    await this.store.recordQueueSettings(
+      changed.map(({ queue, maxAttempts, groupOnDead }) => ({ queue, maxAttempts, groupOnDead })),
+    );
+    for (const setting of changed) this.recorded.set(setting.queue, signature(setting));
   }
 
   /**

@@ -172,6 +172,15 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
       }),
     });
     new Gauge({
+      name: this.name('blocked_groups'),
+      help: 'Ordered groups stopped by a dead job (groupOnDead: block) until it is retried or purged.',
+      labelNames: ['queue'],
+      registers,
+      collect: fromReading((gauge, r) => {
+        for (const q of r.queues) gauge.set({ queue: q.queue }, q.blockedGroups);
+      }),
+    });
+    new Gauge({
       name: this.name('repeatedly_failing_jobs'),
       help: `Unfinished jobs (ready or leased) that have already failed at least ${metrics.options.repeatedFailures} times.`,
       labelNames: ['queue'],
@@ -247,6 +256,13 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
       labelNames: queueLabel,
       registers,
       collect: fromFigures((c, p) => c.inc({ queue: p.queue }, p.abandoned)),
+    });
+    new Counter({
+      name: this.name('group_repairs_total'),
+      help: "Ordered groups whose cached state this process's repair sweep found inconsistent with their jobs and fixed. Should stay 0: each one is a bug or a manual edit.",
+      labelNames: queueLabel,
+      registers,
+      collect: fromFigures((c, p) => c.inc({ queue: p.queue }, p.groupRepairs)),
     });
     new Counter({
       name: this.name('claims_total'),

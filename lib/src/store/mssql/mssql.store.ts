@@ -315,6 +315,15 @@ export class MssqlQueueStore implements QueueStore {
     return rows.map((row) => ({ id: row.Id, queue: row.Queue, state: row.State, attempt: Number(row.Attempt) }));
   }
 
+  // TEMPORARY (ordered groups on SQL Server are being written): replaced before this lands.
+  listBlockedGroups(): Promise<import('../../core/types.js').BlockedGroupPage> {
+    return Promise.reject(new Error('ordered groups: not yet on SQL Server'));
+  }
+
+  repairGroups(): Promise<import('../../core/types.js').GroupRepair[]> {
+    return Promise.resolve([]);
+  }
+
   async hasClaimableWork(queue: string): Promise<boolean> {
     const rows = await this.run<{ HasWork: boolean }>('hasClaimableWork', (r) =>
       r.input('queue', sql.NVarChar(128), queue),
@@ -556,6 +565,7 @@ function toQueueStats(queue: string, row: Record<string, unknown>): QueueStats {
     expiredLeases: Number(row.ExpiredLeases),
     dead: Number(row.Dead),
     retrying: Number(row.Retrying),
+    blockedGroups: Number(row.BlockedGroups ?? 0),
     oldestReadyAgeMs: Math.max(0, Number(row.OldestReadyAgeMs ?? 0)),
   };
 }

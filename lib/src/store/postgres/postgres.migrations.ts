@@ -105,6 +105,55 @@ export const PG_MIGRATIONS: readonly PgMigration[] = [
       ];
     },
   },
+  {
+    version: 4,
+    description: 'ordered groups',
+    // Seed 002 on the table queue: one row per active group holds the group's lease
+    // (held_token = the claim token of its leased jobs) and a cached head (its lowest unfinished
+    // job). Claims lock and skip group rows only, through groups_claim_ix, so their cost follows
+    // claimable groups, never the jobs queued behind a head. Grouped jobs leave the ungrouped claim
+    // and delayed indexes; jobs_group_ix serves every per-group lookup. Existing grouped jobs get
+    // their group rows here, in the migration's transaction: nothing in flight is lost or reordered.
+    statements: (schema) => {
+      const s = quotePgIdentifier(schema);
+      return [
+        `CREATE TABLE ${s}.groups (
+  queue varchar(128) NOT NULL,
+  group_key varchar(255) NOT NULL,
+  head_id bigint NULL,
+  head_ready_at timestamptz NULL,
+  head_priority integer NULL,
+  held_token uuid NULL,
+  blocked boolean NOT NULL DEFAULT false,
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  CONSTRAINT groups_pk PRIMARY KEY (queue, group_key)
+) WITH (fillfactor = 70)`,
+        // Every transition rewrites the row and these columns are indexed (no HOT updates): room
+        // on the page and eager vacuuming keep the table and its index small under churn.
+        `ALTER TABLE ${s}.groups SET (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000)`,
+        `CREATE INDEX groups_claim_ix ON ${s}.groups (queue, head_priority DESC, head_ready_at, head_id)
+  WHERE held_token IS NULL AND head_id IS NOT NULL AND NOT blocked`,
+        `CREATE INDEX groups_blocked_ix ON ${s}.groups (queue, group_key) WHERE blocked`,
+        `DROP INDEX ${s}.jobs_claim_ix`,
+        `CREATE INDEX jobs_claim_ix ON ${s}.jobs (queue, priority DESC, run_at, id) WHERE state = 'ready' AND group_key IS NULL`,
+        `DROP INDEX ${s}.jobs_delayed_ix`,
+        `CREATE INDEX jobs_delayed_ix ON ${s}.jobs (queue, run_at, id) WHERE state = 'delayed' AND group_key IS NULL`,
+        `CREATE INDEX jobs_group_ix ON ${s}.jobs (queue, group_key, id)
+  WHERE group_key IS NOT NULL AND state IN ('ready', 'delayed', 'leased')`,
+        `ALTER TABLE ${s}.queue_settings ADD COLUMN group_on_dead varchar(8) NOT NULL DEFAULT 'continue',
+  ADD CONSTRAINT queue_settings_group_on_dead_ck CHECK (group_on_dead IN ('continue', 'block'))`,
+        // Before version 4 a group's jobs could be leased together; the lowest leased one's token
+        // holds the group, and the others finish without moving it (they do not hold it).
+        `INSERT INTO ${s}.groups (queue, group_key, head_id, head_ready_at, head_priority, held_token)
+SELECT DISTINCT ON (queue, group_key) queue, group_key, id, run_at, priority,
+       (SELECT l.claim_token FROM ${s}.jobs l
+        WHERE l.queue = j.queue AND l.group_key = j.group_key AND l.state = 'leased' ORDER BY l.id LIMIT 1)
+FROM ${s}.jobs j
+WHERE group_key IS NOT NULL AND state IN ('ready', 'delayed', 'leased')
+ORDER BY queue, group_key, id`,
+      ];
+    },
+  },
 ];
 
 export const PG_LATEST_VERSION = PG_MIGRATIONS[PG_MIGRATIONS.length - 1]!.version;

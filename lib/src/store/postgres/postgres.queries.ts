@@ -24,6 +24,15 @@ export interface PgQueries {
   fail: string;
   release: string;
   reap: string;
+  touchGroups: string;
+  settleLock: string;
+  settleLockWait: string;
+  settleApply: string;
+  repairCheck: string;
+  repairLock: string;
+  repairApply: string;
+  repairOrphans: string;
+  listBlockedGroups: string;
   hasClaimableWork: string;
   stats: string;
   getJob: string;
@@ -44,11 +53,113 @@ const JOB_COLUMNS = `id::text AS id, queue, state, payload, priority, run_at, gr
   attempts, max_attempts, claim_token::text AS claim_token, lease_until, worker_id, created_at,
   claimed_at, finished_at, last_error`;
 
+/**
+ * The group side of a statement that moves leased jobs on (complete, fail, release, reap), as
+ * CTEs to append after `changed`: a CTE of the jobs this statement changed, with columns id,
+ * queue, group_key, token (the claim token they held), state, run_at and priority (their new
+ * values) and block (the job died and its queue's groups stop on a dead job).
+ *
+ * A group held by the token is released once no job of it is leased with that token any more
+ * (a group batch holds it until its last job is done); its head becomes the dead job that blocks
+ * it, else its lowest unfinished job. The statement's snapshot still shows the changed jobs as
+ * they were, so they are taken from `changed`, never from the table. A group held by another
+ * token is left alone; one held by no token (left by a version before 4, or by the repair
+ * sweep) is settled the same way unless it is blocked.
+ *
+ * No unfinished job in the snapshot: the group is released with no head and reported as
+ * emptied (group_released.emptied). A producer may be adding a job to it right now, unseen by
+ * this snapshot, after seeing the group held (so it left the head to us); the store settles
+ * emptied groups once such producers are done (see settleLock).
+ */
+function releaseGroups(jobs: string, groups: string, changed: string): string {
+  return `, group_touched AS MATERIALIZED (
+  SELECT DISTINCT queue, group_key, token FROM ${changed} WHERE group_key IS NOT NULL
+), group_next AS MATERIALIZED (
+  SELECT t.queue, t.group_key, t.token,
+    EXISTS (SELECT 1 FROM ${jobs} s
+            WHERE s.queue = t.queue AND s.group_key = t.group_key AND s.state = 'leased'
+              AND s.claim_token = t.token AND s.id NOT IN (SELECT c.id FROM ${changed} c)) AS still_held,
+    b.id AS blocking_id, n.id AS head_id, n.run_at AS head_ready_at, n.priority AS head_priority
+  FROM group_touched t
+  LEFT JOIN LATERAL (
+    SELECT c.id FROM ${changed} c
+    WHERE c.queue = t.queue AND c.group_key = t.group_key AND c.block ORDER BY c.id LIMIT 1
+  ) AS b ON true
+  LEFT JOIN LATERAL (
+    SELECT x.id, x.run_at, x.priority FROM (
+      (SELECT u.id, u.run_at, u.priority FROM ${jobs} u
+       WHERE u.queue = t.queue AND u.group_key = t.group_key AND u.state IN ('ready', 'delayed', 'leased')
+         AND u.id NOT IN (SELECT c.id FROM ${changed} c)
+       ORDER BY u.id LIMIT 1)
+      UNION ALL
+      (SELECT c.id, c.run_at, c.priority FROM ${changed} c
+       WHERE c.queue = t.queue AND c.group_key = t.group_key AND c.state IN ('ready', 'delayed')
+       ORDER BY c.id LIMIT 1)
+    ) AS x
+    ORDER BY x.id LIMIT 1
+  ) AS n ON true
+), group_released AS (
+  UPDATE ${groups} AS g
+  SET held_token = NULL,
+      blocked = n.blocking_id IS NOT NULL,
+      head_id = COALESCE(n.blocking_id, n.head_id),
+      head_ready_at = CASE WHEN n.blocking_id IS NULL THEN n.head_ready_at END,
+      head_priority = CASE WHEN n.blocking_id IS NULL THEN n.head_priority END,
+      updated_at = now()
+  FROM group_next n
+  WHERE g.queue = n.queue AND g.group_key = n.group_key AND NOT n.still_held
+    AND (g.held_token = n.token OR (g.held_token IS NULL AND NOT g.blocked))
+  RETURNING g.queue, g.group_key, g.head_id IS NULL AS emptied
+)`;
+}
+
+/** The groups a statement emptied, as one json array [{queue, key}] (null when none). */
+const EMPTIED_GROUPS = `(SELECT json_agg(json_build_object('queue', queue, 'key', group_key)) FROM group_released WHERE emptied) AS emptied_groups`;
+
 export function pgQueries(schema: string): PgQueries {
   const jobs = `${quotePgIdentifier(schema)}.jobs`;
   const attempts = `${quotePgIdentifier(schema)}.attempts`;
   const jobIdSeq = `${quotePgIdentifier(schema)}.jobs_id_seq`;
   const settings = `${quotePgIdentifier(schema)}.queue_settings`;
+  const groups = `${quotePgIdentifier(schema)}.groups`;
+  const groupRelease = (changed: string) => releaseGroups(jobs, groups, changed);
+  // A LATERAL join giving `n`: the lowest unfinished job (id, run_at, priority) of the group in
+  // `alias` (columns queue and `keyColumn`), one seek on jobs_group_ix.
+  const firstUnfinished = (alias: string, keyColumn = 'group_key') => `LEFT JOIN LATERAL (
+  SELECT u.id, u.run_at, u.priority FROM ${jobs} u
+  WHERE u.queue = ${alias}.queue AND u.group_key = ${alias}.${keyColumn} AND u.state IN ('ready', 'delayed', 'leased')
+  ORDER BY u.id LIMIT 1
+) AS n ON true`;
+  // What is wrong with group row `g` whose first unfinished job is `n` (null: nothing). The
+  // jobs table is the oracle: a held group needs a job leased with its token; a blocked one, a
+  // dead job of the group as its head; any other, its lowest unfinished job as its head.
+  const groupProblem = (g: string, n: string) => `CASE
+    WHEN ${g}.held_token IS NOT NULL AND NOT EXISTS (
+      SELECT 1 FROM ${jobs} l
+      WHERE l.queue = ${g}.queue AND l.group_key = ${g}.group_key AND l.state = 'leased' AND l.claim_token = ${g}.held_token)
+      THEN 'held by token ' || ${g}.held_token::text || ', which no leased job of the group has'
+    WHEN ${g}.blocked AND NOT EXISTS (
+      SELECT 1 FROM ${jobs} d
+      WHERE d.id = ${g}.head_id AND d.queue = ${g}.queue AND d.group_key = ${g}.group_key AND d.state = 'dead')
+      THEN 'blocked by job ' || COALESCE(${g}.head_id::text, '(none)') || ', which is not a dead job of the group'
+    WHEN ${g}.held_token IS NULL AND NOT ${g}.blocked AND ${g}.head_id IS DISTINCT FROM ${n}.id
+      THEN 'head ' || COALESCE(${g}.head_id::text, '(none)') || ' is not the first unfinished job '
+           || COALESCE(${n}.id::text, '(none)')
+  END`;
+  // Whether a queue's groups stop on a dead job (recorded by its consumers; 'continue' if none).
+  const blocksOnDead = (queue: string) =>
+    `EXISTS (SELECT 1 FROM ${settings} s WHERE s.queue = ${queue} AND s.group_on_dead = 'block')`;
+  // Batch siblings of the grouped jobs in `moved` (leased with the same token, not in `moved`) go
+  // back to ready, their attempt given back: they never started.
+  const siblingsBack = (moved: string) => `siblings AS (
+  UPDATE ${jobs} AS j
+  SET state = 'ready', attempts = GREATEST(j.attempts - 1, 0), claim_token = NULL, lease_until = NULL,
+      claimed_at = NULL, worker_id = NULL
+  FROM (SELECT DISTINCT queue, group_key, token FROM ${moved} WHERE group_key IS NOT NULL) AS m
+  WHERE j.queue = m.queue AND j.group_key = m.group_key AND j.state = 'leased' AND j.claim_token = m.token
+    AND j.id NOT IN (SELECT id FROM ${moved})
+  RETURNING j.id, j.queue, j.group_key, m.token, j.state, j.run_at, j.priority
+)`;
   // A job's attempts: its own, else what the queue's consumers recorded, else the producer's
   // default. The subquery names no input column, so it runs once per statement (an InitPlan).
   // $1 is cast as the column it is inserted into, or its type is deduced twice, differently.
@@ -107,61 +218,108 @@ ORDER BY input.ord`,
 )
 SELECT id::text AS id FROM input ORDER BY ord`,
 
-    // $1 jsonb [{queue, max_attempts}], one entry per queue, in queue order (concurrent boots
-    // lock the same rows in the same order). Insert, or update what an earlier boot recorded.
-    recordQueueSettings: `INSERT INTO ${settings} AS s (queue, max_attempts, updated_at)
-SELECT i.queue, i.max_attempts, now()
-FROM jsonb_to_recordset($1::jsonb) AS i(queue text, max_attempts int)
+    // $1 jsonb [{queue, max_attempts, group_on_dead}], one entry per queue, in queue order
+    // (concurrent boots lock the same rows in the same order). Insert, or update what an earlier
+    // boot recorded.
+    recordQueueSettings: `INSERT INTO ${settings} AS s (queue, max_attempts, group_on_dead, updated_at)
+SELECT i.queue, i.max_attempts, i.group_on_dead, now()
+FROM jsonb_to_recordset($1::jsonb) AS i(queue text, max_attempts int, group_on_dead text)
 ORDER BY i.queue
-ON CONFLICT (queue) DO UPDATE SET max_attempts = EXCLUDED.max_attempts, updated_at = EXCLUDED.updated_at`,
+ON CONFLICT (queue) DO UPDATE
+SET max_attempts = EXCLUDED.max_attempts, group_on_dead = EXCLUDED.group_on_dead, updated_at = EXCLUDED.updated_at`,
 
     // $1 jsonb [{queue, key}]
     findByIdempotencyKeys: `SELECT j.queue, j.idempotency_key, j.id::text AS id
 FROM jsonb_to_recordset($1::jsonb) AS k(queue text, key text)
 JOIN ${jobs} j ON j.queue = k.queue AND j.idempotency_key = k.key`,
 
-    // $1 queue, $2 limit, $3 lease ms, $4 worker id.
-    // Two ordered range reads, each stopping after $2 rows: the queue's due ready rows in claim
-    // order (jobs_claim_ix, which holds no delayed rows), and its due delayed rows, oldest first
-    // (jobs_delayed_ix). The best $2 of both, in claim order, are leased; the other due delayed
-    // rows read are promoted to ready in the same UPDATE. One statement, because a data-modifying
-    // CTE's changes are invisible to the rest of its statement: a promotion CTE followed by a
-    // select of ready rows would not see the promoted ones. So a delayed job is claimable at the
-    // first claim after it is due, and the claim's cost follows due work, never the delayed backlog.
+    // $1 queue, $2 limit (units), $3 lease ms, $4 worker id, $5 group batch size.
+    // Three ordered range reads, each stopping after $2 rows: the queue's due ungrouped ready rows
+    // in claim order (jobs_claim_ix, which holds no delayed or grouped rows), its due ungrouped
+    // delayed rows, oldest first (jobs_delayed_ix), and its claimable ordered groups
+    // (groups_claim_ix: not held, not blocked, head due). The best $2 units of the three, in claim
+    // order, are leased; the other due delayed rows read are promoted to ready in the same UPDATE.
+    // One statement, because a data-modifying CTE's changes are invisible to the rest of its
+    // statement: a promotion CTE followed by a select of ready rows would not see the promoted
+    // ones. So a delayed job is claimable at the first claim after it is due, and the claim's cost
+    // follows due work, never the delayed backlog nor the jobs queued behind a group's head.
     // MATERIALIZED keeps the planner from merging the candidate scans into the UPDATE, which
     // could lock and update more rows than LIMIT allows. SKIP LOCKED lets concurrent claimers
     // pass each other instead of queueing on the same rows.
+    //
+    // Ordered groups (seed 002): the group row is the only thing a claim locks for a group, and
+    // skipping it (SKIP LOCKED) means "another session is claiming or changing this group", never
+    // "this group has no head". The hold itself is a column (held_token), not a lock: it outlives
+    // this transaction and ends with the transition that releases it. A chosen group leases its
+    // head plus up to $5 - 1 following jobs, all with the group's token, stopping at the first job
+    // not due; its first unfinished job must be the cached head, else nothing is leased (a stale
+    // cache) and the group is left alone for a second, for a transition or the repair sweep to fix.
     claim: `WITH due_ready AS MATERIALIZED (
   SELECT id, priority, run_at FROM ${jobs}
-  WHERE queue = $1 AND state = 'ready' AND run_at <= now()
+  WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND run_at <= now()
   ORDER BY priority DESC, run_at, id
   LIMIT $2
   FOR UPDATE SKIP LOCKED
 ), due_delayed AS MATERIALIZED (
   SELECT id, priority, run_at FROM ${jobs}
-  WHERE queue = $1 AND state = 'delayed' AND run_at <= now()
+  WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND run_at <= now()
   ORDER BY run_at, id
   LIMIT $2
   FOR UPDATE SKIP LOCKED
+), due_groups AS MATERIALIZED (
+  SELECT group_key, head_id AS id, head_priority AS priority, head_ready_at AS run_at FROM ${groups}
+  WHERE queue = $1 AND held_token IS NULL AND head_id IS NOT NULL AND NOT blocked AND head_ready_at <= now()
+  ORDER BY head_priority DESC, head_ready_at, head_id
+  LIMIT $2
+  FOR NO KEY UPDATE SKIP LOCKED
+), ranked AS MATERIALIZED (
+  -- Ready rows and groups that lose their place are left as they are (no new row version).
+  SELECT id, kind, group_key, row_number() OVER (ORDER BY priority DESC, run_at, id) <= $2 AS lease
+  FROM (SELECT id, priority, run_at, 'ready' AS kind, NULL::varchar AS group_key FROM due_ready
+        UNION ALL SELECT id, priority, run_at, 'delayed', NULL FROM due_delayed
+        UNION ALL SELECT id, priority, run_at, 'group', group_key FROM due_groups) AS due
+), chosen_groups AS MATERIALIZED (
+  SELECT group_key, id AS head_id, gen_random_uuid() AS token FROM ranked WHERE kind = 'group' AND lease
+), members AS MATERIALIZED (
+  SELECT m.id, g.token FROM chosen_groups g
+  CROSS JOIN LATERAL (
+    SELECT b.id FROM (
+      SELECT u.id,
+             bool_and(u.state <> 'leased' AND u.run_at <= now()) OVER (ORDER BY u.id) AS runnable,
+             first_value(u.id) OVER (ORDER BY u.id) AS first_id
+      FROM (SELECT id, state, run_at FROM ${jobs}
+            WHERE queue = $1 AND group_key = g.group_key AND state IN ('ready', 'delayed', 'leased')
+            ORDER BY id
+            LIMIT $5) AS u
+    ) AS b
+    WHERE b.runnable AND b.first_id = g.head_id
+  ) AS m
 ), candidates AS MATERIALIZED (
-  -- Ready rows that lose their place to promoted ones are left as they are (no new row version).
-  SELECT id, lease FROM (
-    SELECT id, delayed, row_number() OVER (ORDER BY priority DESC, run_at, id) <= $2 AS lease
-    FROM (SELECT *, false AS delayed FROM due_ready UNION ALL SELECT *, true FROM due_delayed) AS due
-  ) AS ranked
-  WHERE lease OR delayed
+  SELECT id, true AS lease, gen_random_uuid() AS token FROM ranked WHERE kind <> 'group' AND lease
+  UNION ALL
+  SELECT id, false, NULL FROM ranked WHERE kind = 'delayed' AND NOT lease
+  UNION ALL
+  SELECT id, true, token FROM members
 ), updated AS (
   UPDATE ${jobs} AS j
   SET state = CASE WHEN c.lease THEN 'leased' ELSE 'ready' END,
-      claim_token = CASE WHEN c.lease THEN gen_random_uuid() ELSE j.claim_token END,
+      claim_token = CASE WHEN c.lease THEN c.token ELSE j.claim_token END,
       attempts = CASE WHEN c.lease THEN j.attempts + 1 ELSE j.attempts END,
       lease_until = CASE WHEN c.lease THEN now() + $3::float8 * interval '1 millisecond' ELSE j.lease_until END,
       claimed_at = CASE WHEN c.lease THEN now() ELSE j.claimed_at END,
       worker_id = CASE WHEN c.lease THEN $4 ELSE j.worker_id END
   FROM candidates c
-  WHERE j.id = c.id
+  WHERE j.id = c.id AND j.state IN ('ready', 'delayed')
   RETURNING c.lease, j.id, j.payload, j.priority, j.group_key, j.idempotency_key, j.attempts, j.max_attempts,
             j.claim_token, j.created_at, j.claimed_at, j.lease_until
+), held AS (
+  UPDATE ${groups} AS g
+  SET held_token = CASE WHEN h.leased THEN c.token END,
+      head_ready_at = CASE WHEN h.leased THEN g.head_ready_at ELSE now() + interval '1 second' END,
+      updated_at = now()
+  FROM chosen_groups c
+  CROSS JOIN LATERAL (SELECT EXISTS (SELECT 1 FROM updated u WHERE u.id = c.head_id) AS leased) AS h
+  WHERE g.queue = $1 AND g.group_key = c.group_key
 )
 SELECT id::text AS id, payload, priority, group_key, idempotency_key, attempts, max_attempts,
        claim_token::text AS claim_token,
@@ -197,16 +355,19 @@ FROM input LEFT JOIN extended ON extended.id = input.id`,
   SET state = 'done', finished_at = now(), lease_until = NULL
   FROM input i
   WHERE j.id = i.id AND j.claim_token = i.token AND j.state = 'leased'
-  RETURNING j.id
-)
+  RETURNING j.id, j.queue, j.group_key, i.token, j.state, j.run_at, j.priority, false AS block
+)${groupRelease('completed')}
 SELECT input.id::text AS id,
   CASE WHEN completed.id IS NOT NULL THEN 'ok'
        WHEN EXISTS (SELECT 1 FROM ${jobs} d WHERE d.id = input.id AND d.claim_token = input.token AND d.state = 'done') THEN 'already'
-       ELSE 'lost' END AS outcome
+       ELSE 'lost' END AS outcome,
+  ${EMPTIED_GROUPS}
 FROM input LEFT JOIN completed ON completed.id = input.id`,
 
     // $1 jsonb [{id, token, error, stack, delay_ms, dead, worker}]. A retry that is not due yet
     // waits as 'delayed' (out of the claim's ready index); the claim promotes it once due.
+    // A grouped job's batch siblings (leased with the same token, not run yet) go back to ready
+    // with their attempt given back, and its group is released: the failed job stays its head.
     fail: `WITH input AS (
   SELECT * FROM jsonb_to_recordset($1::jsonb)
     AS i(id bigint, token uuid, error text, stack text, delay_ms float8, dead boolean, worker text)
@@ -220,15 +381,23 @@ FROM input LEFT JOIN completed ON completed.id = input.id`,
       claim_token = NULL, lease_until = NULL, last_error = i.error
   FROM input i
   WHERE j.id = i.id AND j.claim_token = i.token AND j.state = 'leased'
-  RETURNING j.id, j.queue, j.state, j.attempts, j.claimed_at, i.token, i.error, i.stack, i.worker
-), history AS (
+  RETURNING j.id, j.queue, j.group_key, j.state, j.attempts, j.claimed_at, j.run_at, j.priority,
+            i.token, i.error, i.stack, i.worker
+), ${siblingsBack('failed')}, changed AS (
+  SELECT f.id, f.queue, f.group_key, f.token, f.state, f.run_at, f.priority,
+         f.state = 'dead' AND f.group_key IS NOT NULL AND ${blocksOnDead('f.queue')} AS block
+  FROM failed f
+  UNION ALL
+  SELECT id, queue, group_key, token, state, run_at, priority, false FROM siblings
+)${groupRelease('changed')}, history AS (
   INSERT INTO ${attempts} (job_id, queue, attempt, outcome, error, stack, worker_id, claim_token, started_at, finished_at)
   SELECT id, queue, attempts, 'failed', error, stack, worker, token, claimed_at, now() FROM failed
 )
 SELECT input.id::text AS id, failed.state,
   CASE WHEN failed.id IS NOT NULL THEN 'ok'
        WHEN EXISTS (SELECT 1 FROM ${attempts} a WHERE a.job_id = input.id AND a.claim_token = input.token AND a.outcome = 'failed') THEN 'already'
-       ELSE 'lost' END AS outcome
+       ELSE 'lost' END AS outcome,
+  ${EMPTIED_GROUPS}
 FROM input LEFT JOIN failed ON failed.id = input.id`,
 
     // $1 jsonb [{id, token}]: leased but never started; the claim's attempt is given back.
@@ -240,60 +409,260 @@ FROM input LEFT JOIN failed ON failed.id = input.id`,
       claimed_at = NULL, worker_id = NULL
   FROM input i
   WHERE j.id = i.id AND j.claim_token = i.token AND j.state = 'leased'
-  RETURNING j.id
-)
-SELECT input.id::text AS id, CASE WHEN released.id IS NOT NULL THEN 'ok' ELSE 'lost' END AS outcome
+  RETURNING j.id, j.queue, j.group_key, i.token, j.state, j.run_at, j.priority, false AS block
+)${groupRelease('released')}
+SELECT input.id::text AS id, CASE WHEN released.id IS NOT NULL THEN 'ok' ELSE 'lost' END AS outcome,
+  ${EMPTIED_GROUPS}
 FROM input LEFT JOIN released ON released.id = input.id`,
 
     // $1 batch size. One conditional statement: lock expired leases (skipping rows another
     // reaper holds), re-check under the lock, void the token, record the lost attempt.
     // run_at stays as it was: the job keeps its place, and its waiting age keeps counting.
-    reap: `WITH expired AS MATERIALIZED (
-  SELECT id, claim_token, worker_id, claimed_at, lease_until FROM ${jobs}
+    // A grouped job's batch siblings (leased with the same token) are reaped with it, whatever
+    // their own lease says: the token is void, so its holder cannot go on with any of them.
+    reap: `WITH expired_leases AS MATERIALIZED (
+  SELECT id, queue, group_key, claim_token FROM ${jobs}
   WHERE state = 'leased' AND lease_until < now()
   ORDER BY lease_until
   LIMIT $1
   FOR UPDATE SKIP LOCKED
+), expired AS MATERIALIZED (
+  SELECT id, claim_token, false AS sibling FROM expired_leases
+  UNION
+  SELECT s.id, s.claim_token, true FROM ${jobs} s
+  JOIN (SELECT DISTINCT queue, group_key, claim_token FROM expired_leases WHERE group_key IS NOT NULL) AS e
+    ON s.queue = e.queue AND s.group_key = e.group_key AND s.claim_token = e.claim_token
+  WHERE s.state = 'leased' AND s.id NOT IN (SELECT id FROM expired_leases)
 ), reaped AS (
   UPDATE ${jobs} AS j
   SET state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END,
       finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
       claim_token = NULL, lease_until = NULL,
-      last_error = 'lease expired at ' || to_char(e.lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-                   || ' (worker ' || COALESCE(e.worker_id, 'unknown') || ')'
+      last_error = 'lease expired at ' || to_char(j.lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                   || ' (worker ' || COALESCE(j.worker_id, 'unknown') || ')'
+                   || CASE WHEN e.sibling THEN ' with its group batch' ELSE '' END
   FROM expired e
-  WHERE j.id = e.id AND j.state = 'leased' AND j.claim_token = e.claim_token AND j.lease_until < now()
-  RETURNING j.id, j.queue, j.state, j.attempts, j.last_error, e.claim_token, e.worker_id, e.claimed_at
-), history AS (
+  WHERE j.id = e.id AND j.state = 'leased' AND j.claim_token = e.claim_token AND (e.sibling OR j.lease_until < now())
+  RETURNING j.id, j.queue, j.group_key, j.state, j.attempts, j.last_error, j.run_at, j.priority,
+            e.claim_token AS token, j.worker_id, j.claimed_at
+), changed AS (
+  SELECT r.id, r.queue, r.group_key, r.token, r.state, r.run_at, r.priority,
+         r.state = 'dead' AND r.group_key IS NOT NULL AND ${blocksOnDead('r.queue')} AS block
+  FROM reaped r
+)${groupRelease('changed')}, history AS (
   INSERT INTO ${attempts} (job_id, queue, attempt, outcome, error, stack, worker_id, claim_token, started_at, finished_at)
-  SELECT id, queue, attempts, 'lease-expired', last_error, NULL, worker_id, claim_token, claimed_at, now() FROM reaped
+  SELECT id, queue, attempts, 'lease-expired', last_error, NULL, worker_id, token, claimed_at, now() FROM reaped
 )
-SELECT id::text AS id, queue, state, attempts FROM reaped`,
+SELECT id::text AS id, queue, state, attempts, ${EMPTIED_GROUPS} FROM reaped`,
 
-    // A due delayed job counts: the next claim promotes and takes it.
+    // ---- ordered groups ------------------------------------------------------------------
+
+    // $1 jsonb [{queue, key, id}], one entry per group in (queue, key) order: the lowest job id
+    // this call added to (or retried in) each group. Runs in the producer's transaction, after
+    // the insert. A group with no row gets one with the job as head. An existing row is locked
+    // FOR KEY SHARE, which neither claims (FOR NO KEY UPDATE) nor completions conflict with, so
+    // a caller's long transaction holds up no one; it makes a completion that emptied the group
+    // wait for this transaction before it settles the group (settleLockWait), so the job is seen
+    // or the head is set here, never neither. The head moves to the job when the group is idle,
+    // or not held and headed by a later job (an earlier-numbered job committing late), or
+    // blocked by this very job (retryDead). A row this statement's snapshot cannot see (created or
+    // deleted concurrently) comes back unsettled, and the store runs the statement again.
+    touchGroups: `WITH input AS MATERIALIZED (
+  SELECT i.queue, i.key, i.id, j.run_at, j.priority
+  FROM jsonb_to_recordset($1::jsonb) AS i(queue text, key text, id bigint)
+  JOIN ${jobs} j ON j.id = i.id AND j.state IN ('ready', 'delayed')
+), locked AS MATERIALIZED (
+  SELECT g.queue, g.group_key FROM ${groups} g JOIN input i ON g.queue = i.queue AND g.group_key = i.key
+  ORDER BY g.queue, g.group_key
+  FOR KEY SHARE OF g
+), created AS (
+  INSERT INTO ${groups} (queue, group_key, head_id, head_ready_at, head_priority)
+  SELECT i.queue, i.key, i.id, i.run_at, i.priority FROM input i
+  WHERE NOT EXISTS (SELECT 1 FROM locked l WHERE l.queue = i.queue AND l.group_key = i.key)
+  ORDER BY i.queue, i.key
+  ON CONFLICT (queue, group_key) DO NOTHING
+  RETURNING queue, group_key
+), moved AS (
+  UPDATE ${groups} AS g
+  SET head_id = i.id, head_ready_at = i.run_at, head_priority = i.priority, blocked = false, updated_at = now()
+  FROM input i
+  WHERE g.queue = i.queue AND g.group_key = i.key
+    AND EXISTS (SELECT 1 FROM locked l WHERE l.queue = g.queue AND l.group_key = g.group_key)
+    AND g.held_token IS NULL
+    AND ((NOT g.blocked AND (g.head_id IS NULL OR g.head_id > i.id)) OR (g.blocked AND g.head_id = i.id))
+)
+SELECT i.queue, i.key, i.id::text AS id
+FROM input i
+WHERE NOT EXISTS (SELECT 1 FROM locked l WHERE l.queue = i.queue AND l.group_key = i.key)
+  AND NOT EXISTS (SELECT 1 FROM created c WHERE c.queue = i.queue AND c.group_key = i.key)`,
+
+    // $1 jsonb [{queue, key}] in (queue, key) order: groups a transition emptied. Locks those
+    // still idle and headless, skipping any a producer holds (its FOR KEY SHARE) or another
+    // session is settling. Runs in a short transaction with settleApply.
+    settleLock: `SELECT g.queue, g.group_key AS key FROM ${groups} g
+JOIN jsonb_to_recordset($1::jsonb) AS i(queue text, key text) ON g.queue = i.queue AND g.group_key = i.key
+WHERE g.head_id IS NULL AND g.held_token IS NULL AND NOT g.blocked
+ORDER BY g.queue, g.group_key
+FOR UPDATE OF g SKIP LOCKED`,
+
+    // $1 queue, $2 key: the same for one group a producer was holding, waiting for it to commit
+    // or roll back (bounded by the transaction's lock_timeout).
+    settleLockWait: `SELECT g.queue, g.group_key AS key FROM ${groups} g
+WHERE g.queue = $1 AND g.group_key = $2 AND g.head_id IS NULL AND g.held_token IS NULL AND NOT g.blocked
+FOR UPDATE`,
+
+    // $1 jsonb [{queue, key}]: groups locked by settleLock, read again in a new statement (a new
+    // snapshot, which sees every producer that held them): the lowest unfinished job becomes the
+    // head, and a group with none is deleted (producers create it again).
+    settleApply: `WITH input AS MATERIALIZED (
+  SELECT i.queue, i.key, n.id, n.run_at, n.priority
+  FROM jsonb_to_recordset($1::jsonb) AS i(queue text, key text)
+  ${firstUnfinished('i', 'key')}
+), headed AS (
+  UPDATE ${groups} AS g
+  SET head_id = i.id, head_ready_at = i.run_at, head_priority = i.priority, updated_at = now()
+  FROM input i
+  WHERE g.queue = i.queue AND g.group_key = i.key AND i.id IS NOT NULL
+    AND g.head_id IS NULL AND g.held_token IS NULL AND NOT g.blocked
+)
+DELETE FROM ${groups} AS g USING input i
+WHERE g.queue = i.queue AND g.group_key = i.key AND i.id IS NULL
+  AND g.head_id IS NULL AND g.held_token IS NULL AND NOT g.blocked`,
+
+    // $1, $2 the last group row checked, $3, $4 the last group of jobs walked (nulls: from the
+    // start), $5 page size. The repair sweep's look, without a lock: the next page of group rows
+    // checked against their jobs (groupProblem), and the next page of distinct groups that have
+    // unfinished jobs (a loose index scan on jobs_group_ix, one seek per group) checked for a
+    // group row. Normally it finds nothing and is the sweep's only statement; what it finds is
+    // checked again under a lock (repairLock, repairApply, repairOrphans) before anything is fixed,
+    // since a transition may be between its statements right now. The last two rows say where
+    // each page ended (null when it reached the end).
+    repairCheck: `WITH RECURSIVE page AS MATERIALIZED (
+  SELECT * FROM ${groups}
+  WHERE $1::varchar IS NULL OR (queue, group_key) > ($1::varchar, $2::varchar)
+  ORDER BY queue, group_key
+  LIMIT $5
+), walk(queue, group_key, n) AS (
+  (SELECT queue, group_key, 1 FROM ${jobs}
+   WHERE group_key IS NOT NULL AND state IN ('ready', 'delayed', 'leased')
+     AND ($3::varchar IS NULL OR (queue, group_key) > ($3::varchar, $4::varchar))
+   ORDER BY queue, group_key LIMIT 1)
+  UNION ALL
+  SELECT x.queue, x.group_key, w.n + 1 FROM walk w
+  CROSS JOIN LATERAL (
+    SELECT queue, group_key FROM ${jobs}
+    WHERE group_key IS NOT NULL AND state IN ('ready', 'delayed', 'leased') AND (queue, group_key) > (w.queue, w.group_key)
+    ORDER BY queue, group_key LIMIT 1
+  ) AS x
+  WHERE w.n < $5
+)
+SELECT 'row' AS kind, g.queue, g.group_key AS key FROM page g
+${firstUnfinished('g')}
+WHERE ${groupProblem('g', 'n')} IS NOT NULL OR (n.id IS NULL AND g.head_id IS NULL AND g.held_token IS NULL AND NOT g.blocked)
+UNION ALL
+SELECT 'orphan', w.queue, w.group_key FROM walk w
+WHERE NOT EXISTS (SELECT 1 FROM ${groups} g WHERE g.queue = w.queue AND g.group_key = w.group_key)
+UNION ALL
+SELECT 'rows-end', queue, group_key FROM (
+  SELECT queue, group_key FROM page WHERE (SELECT count(*) FROM page) = $5 ORDER BY queue DESC, group_key DESC LIMIT 1
+) AS last_row
+UNION ALL
+SELECT 'walk-end', queue, group_key FROM (
+  SELECT queue, group_key FROM walk WHERE (SELECT count(*) FROM walk) = $5 ORDER BY n DESC LIMIT 1
+) AS last_group`,
+
+    // $1 jsonb [{queue, key}]: suspects of repairCheck, locked so that no transition runs while
+    // they are checked again; rows another session holds (a claim, a producer, a transition) are
+    // skipped and looked at on a later pass.
+    repairLock: `SELECT g.queue, g.group_key AS key FROM ${groups} g
+JOIN jsonb_to_recordset($1::jsonb) AS i(queue text, key text) ON g.queue = i.queue AND g.group_key = i.key
+ORDER BY g.queue, g.group_key
+FOR UPDATE OF g SKIP LOCKED`,
+
+    // $1 jsonb [{queue, key}] locked by repairLock, read again in a new statement. The oracle is
+    // the jobs table (groupProblem). A row that disagrees is set right (or deleted when the group
+    // has no unfinished job) and returned with what was wrong; a headless row with no job left is
+    // deleted silently (an emptied group whose settling was cut short), not reported.
+    repairApply: `WITH checked AS MATERIALIZED (
+  SELECT g.queue, g.group_key, g.head_id, g.held_token, g.blocked, n.id AS first_id, n.run_at, n.priority,
+         ${groupProblem('g', 'n')} AS problem
+  FROM ${groups} g
+  JOIN jsonb_to_recordset($1::jsonb) AS i(queue text, key text) ON g.queue = i.queue AND g.group_key = i.key
+  ${firstUnfinished('g')}
+), fixed AS (
+  UPDATE ${groups} AS g
+  SET held_token = NULL, blocked = false, head_id = c.first_id, head_ready_at = c.run_at, head_priority = c.priority,
+      updated_at = now()
+  FROM checked c
+  WHERE g.queue = c.queue AND g.group_key = c.group_key AND c.problem IS NOT NULL AND c.first_id IS NOT NULL
+), removed AS (
+  DELETE FROM ${groups} AS g USING checked c
+  WHERE g.queue = c.queue AND g.group_key = c.group_key AND c.first_id IS NULL
+    AND (c.problem IS NOT NULL OR (c.head_id IS NULL AND c.held_token IS NULL AND NOT c.blocked))
+)
+SELECT queue, group_key AS key, problem FROM checked WHERE problem IS NOT NULL`,
+
+    // $1 jsonb [{queue, key}]: groups repairCheck found with unfinished jobs and no row. Producers
+    // create the row in the transaction that adds the job, so a committed job without one is a
+    // fault: the group gets a row headed by its lowest unfinished job.
+    repairOrphans: `INSERT INTO ${groups} (queue, group_key, head_id, head_ready_at, head_priority)
+SELECT i.queue, i.key, n.id, n.run_at, n.priority
+FROM jsonb_to_recordset($1::jsonb) AS i(queue text, key text)
+${firstUnfinished('i', 'key')}
+WHERE n.id IS NOT NULL
+ORDER BY i.queue, i.key
+ON CONFLICT (queue, group_key) DO NOTHING
+RETURNING queue, group_key AS key, head_id::text AS head_id`,
+
+    // $1 queue, $2 after key (or null), $3 limit
+    listBlockedGroups: `SELECT g.group_key, g.head_id::text AS job_id, j.last_error, j.finished_at
+FROM ${groups} g LEFT JOIN ${jobs} j ON j.id = g.head_id
+WHERE g.queue = $1 AND g.blocked AND ($2::varchar IS NULL OR g.group_key > $2::varchar)
+ORDER BY g.group_key
+LIMIT $3`,
+
+    // A due delayed job counts: the next claim promotes and takes it; so does a claimable group.
     hasClaimableWork: `SELECT EXISTS (
-  SELECT 1 FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND run_at <= now()
+  SELECT 1 FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND run_at <= now()
 ) OR EXISTS (
-  SELECT 1 FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND run_at <= now()
+  SELECT 1 FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND run_at <= now()
+) OR EXISTS (
+  SELECT 1 FROM ${groups}
+  WHERE queue = $1 AND held_token IS NULL AND head_id IS NOT NULL AND NOT blocked AND head_ready_at <= now()
 ) AS has_work`,
 
     // Each figure reads one partial index, so the cost follows live rows, not history. A delayed
     // job that is due but not promoted yet (no claim since) counts as ready: it is waiting. Ready
     // rows not due yet only exist if written by a version before 3 (the migration moved them).
-    stats: `SELECT
-  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND run_at <= now())
-  + (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND run_at <= now()) AS ready,
-  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND run_at > now())
-  + (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND run_at > now()) AS delayed,
+    // Grouped jobs waiting behind their group's head count as ready or delayed by their run time,
+    // as the ones a claim can take do.
+    stats: `WITH grouped AS (
+  SELECT count(*) FILTER (WHERE state IN ('ready', 'delayed') AND run_at <= now())::int AS ready,
+         count(*) FILTER (WHERE state IN ('ready', 'delayed') AND run_at > now())::int AS delayed,
+         count(*) FILTER (WHERE state IN ('ready', 'delayed') AND attempts > 0)::int AS retrying,
+         min(run_at) FILTER (WHERE state IN ('ready', 'delayed') AND run_at <= now()) AS oldest_due
+  FROM ${jobs} WHERE queue = $1 AND group_key IS NOT NULL AND state IN ('ready', 'delayed', 'leased')
+)
+SELECT
+  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND run_at <= now())
+  + (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND run_at <= now())
+  + (SELECT ready FROM grouped) AS ready,
+  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND run_at > now())
+  + (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND run_at > now())
+  + (SELECT delayed FROM grouped) AS delayed,
   (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'leased') AS leased,
   (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'leased' AND lease_until < now()) AS expired_leases,
   (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'dead') AS dead,
-  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND attempts > 0)
-  + (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND attempts > 0) AS retrying,
+  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND attempts > 0)
+  + (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND attempts > 0)
+  + (SELECT retrying FROM grouped) AS retrying,
+  (SELECT count(*)::int FROM ${groups} WHERE queue = $1 AND blocked) AS blocked_groups,
   (SELECT floor(extract(epoch FROM now() - min(run_at)) * 1000)::float8 FROM (
-     (SELECT run_at FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND run_at <= now() ORDER BY run_at LIMIT 1)
+     (SELECT run_at FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND run_at <= now() ORDER BY run_at LIMIT 1)
      UNION ALL
-     (SELECT run_at FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND run_at <= now() ORDER BY run_at LIMIT 1)
+     (SELECT run_at FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND run_at <= now() ORDER BY run_at LIMIT 1)
+     UNION ALL
+     (SELECT oldest_due FROM grouped)
    ) AS oldest) AS oldest_ready_age_ms`,
 
     getJob: `SELECT ${JOB_COLUMNS} FROM ${jobs} WHERE id = $1`,
@@ -312,28 +681,44 @@ WHERE j.queue = $1 AND j.state = 'dead' AND j.id > COALESCE($2::bigint, 0)
 ORDER BY j.id
 LIMIT $3`,
 
-    // $1 queue, $2 jsonb array of ids
+    // $1 queue, $2 jsonb array of ids. A retried job of an ordered group takes its place by id
+    // through touchGroups, in the same transaction.
     retryDead: `UPDATE ${jobs}
 SET state = 'ready', attempts = 0, run_at = now(), finished_at = NULL, claim_token = NULL
 WHERE queue = $1 AND state = 'dead' AND id IN (SELECT value::bigint FROM jsonb_array_elements_text($2::jsonb))
-RETURNING id::text AS id`,
+RETURNING id::text AS id, group_key`,
 
     retryAllDead: `UPDATE ${jobs}
 SET state = 'ready', attempts = 0, run_at = now(), finished_at = NULL, claim_token = NULL
 WHERE queue = $1 AND state = 'dead'
-RETURNING id::text AS id`,
+RETURNING id::text AS id, group_key`,
 
     // $1 queue, $2 older-than ms (0 for all), $3 batch size. The rows are locked where they are
     // chosen: FOR UPDATE re-checks the conditions on a row another statement changed (a dead job
     // retryDead moved back to ready is no longer chosen), and SKIP LOCKED never waits on one.
-    purgeDead: `DELETE FROM ${jobs} WHERE id IN (
-  SELECT id FROM ${jobs}
-  WHERE queue = $1 AND state = 'dead' AND finished_at <= now() - $2::float8 * interval '1 millisecond'
-  ORDER BY id LIMIT $3
-  FOR UPDATE SKIP LOCKED
-)`,
+    // A group blocked by a purged job is released: its head becomes its lowest unfinished job
+    // (none: emptied, settled by the store as after a completion).
+    purgeDead: `WITH purged AS (
+  DELETE FROM ${jobs} WHERE id IN (
+    SELECT id FROM ${jobs}
+    WHERE queue = $1 AND state = 'dead' AND finished_at <= now() - $2::float8 * interval '1 millisecond'
+    ORDER BY id LIMIT $3
+    FOR UPDATE SKIP LOCKED
+  )
+  RETURNING id, queue, group_key
+), group_released AS (
+  UPDATE ${groups} AS g
+  SET blocked = false, head_id = n.id, head_ready_at = n.run_at, head_priority = n.priority, updated_at = now()
+  FROM purged p
+  ${firstUnfinished('p')}
+  WHERE p.group_key IS NOT NULL AND g.queue = p.queue AND g.group_key = p.group_key AND g.blocked AND g.head_id = p.id
+  RETURNING g.queue, g.group_key, g.head_id IS NULL AS emptied
+)
+SELECT (SELECT count(*) FROM purged)::int AS deleted, ${EMPTIED_GROUPS}`,
 
     // $1 done retention ms, $2 idempotency retention ms, $3 dead retention ms (null: keep), $4 batch.
+    // A dead job that blocks its ordered group stays until it is retried or purged: deleting it
+    // would leave the group blocked by nothing.
     // The outer conditions re-check, after a row lock wait, that the row is still finished (a
     // retried dead job is ready again; finished_at is cleared then). FOR UPDATE SKIP LOCKED, as
     // in purgeDead, is not allowed in the branches of a UNION.
@@ -344,11 +729,13 @@ RETURNING id::text AS id`,
           OR finished_at < now() - GREATEST($1::float8, $2::float8) * interval '1 millisecond')
    ORDER BY finished_at LIMIT $4)
   UNION ALL
-  (SELECT id FROM ${jobs}
+  (SELECT id FROM ${jobs} d
    WHERE $3::float8 IS NOT NULL AND state = 'dead'
      AND finished_at < now() - $3::float8 * interval '1 millisecond'
      AND (idempotency_key IS NULL
           OR finished_at < now() - GREATEST($3::float8, $2::float8) * interval '1 millisecond')
+     AND (group_key IS NULL OR NOT EXISTS (
+       SELECT 1 FROM ${groups} g WHERE g.queue = d.queue AND g.group_key = d.group_key AND g.blocked AND g.head_id = d.id))
    ORDER BY finished_at LIMIT $4)
 ) AND (state = 'done' OR (state = 'dead' AND $3::float8 IS NOT NULL))
   AND finished_at < now() - LEAST($1::float8, COALESCE($3::float8, $1::float8)) * interval '1 millisecond'`,
@@ -379,9 +766,12 @@ RETURNING id::text AS id`,
          count(*) FILTER (WHERE attempts > 0) AS retrying,
          count(*) FILTER (WHERE attempts >= $2::int) AS repeated,
          min(run_at) FILTER (WHERE run_at <= now()) AS oldest_due
-  FROM (SELECT queue, run_at, attempts FROM ${jobs} WHERE state = 'ready'
+  FROM (SELECT queue, run_at, attempts FROM ${jobs} WHERE state = 'ready' AND group_key IS NULL
         UNION ALL
-        SELECT queue, run_at, attempts FROM ${jobs} WHERE state = 'delayed') AS waiting
+        SELECT queue, run_at, attempts FROM ${jobs} WHERE state = 'delayed' AND group_key IS NULL
+        UNION ALL
+        SELECT queue, run_at, attempts FROM ${jobs}
+        WHERE group_key IS NOT NULL AND state IN ('ready', 'delayed')) AS waiting
   GROUP BY queue
 ), leased AS (
   SELECT queue, count(*) AS leased, count(*) FILTER (WHERE lease_until < now()) AS expired_leases,
@@ -389,6 +779,8 @@ RETURNING id::text AS id`,
   FROM ${jobs} WHERE state = 'leased' GROUP BY queue
 ), dead AS (
   SELECT queue, count(*) AS dead FROM ${jobs} WHERE state = 'dead' GROUP BY queue
+), blocked AS (
+  SELECT queue, count(*) AS blocked_groups FROM ${groups} WHERE blocked GROUP BY queue
 ), attempt_queues AS (
   WITH RECURSIVE walk AS (
     (SELECT queue FROM ${attempts} ORDER BY queue LIMIT 1)
@@ -409,11 +801,13 @@ RETURNING id::text AS id`,
   WHERE f.failed + f.lease_expired > 0
 ), queues AS (
   SELECT queue FROM ready UNION SELECT queue FROM leased UNION SELECT queue FROM dead UNION SELECT queue FROM failures
+  UNION SELECT queue FROM blocked
 )
 SELECT q.queue,
        COALESCE(r.ready, 0)::float8 AS ready, COALESCE(r.delayed, 0)::float8 AS delayed,
        COALESCE(l.leased, 0)::float8 AS leased, COALESCE(l.expired_leases, 0)::float8 AS expired_leases,
        COALESCE(d.dead, 0)::float8 AS dead, COALESCE(r.retrying, 0)::float8 AS retrying,
+       COALESCE(b.blocked_groups, 0)::float8 AS blocked_groups,
        (COALESCE(r.repeated, 0) + COALESCE(l.repeated, 0))::float8 AS repeatedly_failing,
        COALESCE(f.failed, 0)::float8 AS recent_failures, COALESCE(f.lease_expired, 0)::float8 AS recent_lease_expiries,
        COALESCE(floor(extract(epoch FROM now() - r.oldest_due) * 1000), 0)::float8 AS oldest_ready_age_ms
@@ -421,6 +815,7 @@ FROM queues q
 LEFT JOIN ready r ON r.queue = q.queue
 LEFT JOIN leased l ON l.queue = q.queue
 LEFT JOIN dead d ON d.queue = q.queue
+LEFT JOIN blocked b ON b.queue = q.queue
 LEFT JOIN failures f ON f.queue = q.queue
 ORDER BY q.queue`,
   };

@@ -4,6 +4,7 @@ import type { MigrationMode, QueueStore, SchemaStatus } from '../../core/queue-s
 import { assertSchemaVersion } from '../../core/schema-version.js';
 import type {
   AttemptRecord,
+  BlockedGroupPage,
   CleanupRequest,
   ClaimedJob,
   ClaimRequest,
@@ -12,6 +13,7 @@ import type {
   EnqueueResult,
   FailItem,
   FailResult,
+  GroupRepair,
   HeartbeatItem,
   HeartbeatResult,
   JobId,
@@ -35,6 +37,22 @@ import { pgQueries, type PgQueries } from './postgres.queries.js';
 
 const PURGE_BATCH = 5_000;
 const IDEMPOTENT_ENQUEUE_ROUNDS = 3;
+/** Rounds of touchGroups before giving up: each lost round is a group created or deleted meanwhile. */
+const GROUP_TOUCH_ROUNDS = 5;
+/** How long a background settle waits for a producer's transaction per try, and how often it tries. */
+const SETTLE_WAIT_MS = 30_000;
+const SETTLE_TRIES = 20;
+/** The repair sweep waits at most this long on a row lock before leaving a page for a later pass. */
+const REPAIR_LOCK_TIMEOUT_MS = 2_000;
+
+/** An ordered group, as the group statements take it in json. */
+interface GroupRef {
+  queue: string;
+  key: string;
+}
+
+/** A position of the repair sweep: the last group checked, or null to start over. */
+type SweepCursor = { queue: string; key: string } | null;
 
 type Row = Record<string, unknown>;
 
@@ -48,6 +66,11 @@ export class PostgresQueueStore implements QueueStore {
   private readonly prepared: (name: keyof PgQueries) => string;
   /** Wake-up channel: one per schema, payload = queue name. */
   readonly channel: string;
+  /** Emptied groups waiting (in the background) for a producer's transaction before they settle. */
+  private readonly settling = new Map<string, Promise<void>>();
+  private closed = false;
+  private rowSweep: SweepCursor = null;
+  private orphanSweep: SweepCursor = null;
 
   constructor(
     private readonly driver: PgDriver,
@@ -107,6 +130,18 @@ export class PostgresQueueStore implements QueueStore {
   async enqueue(jobs: readonly NewJob[], transaction?: unknown): Promise<EnqueueResult[]> {
     if (jobs.length === 0) return [];
     const client = transaction === undefined ? null : asCallerTransaction(transaction);
+    if (!jobs.some((job) => job.groupKey !== null)) return this.insertJobs(jobs, client);
+    // A grouped job and its group's state commit together: in the caller's transaction, or in one
+    // of ours (a job committed without its group state would wait for the repair sweep).
+    const insertAndTouch = async (tx: PgQueryable) => {
+      const results = await this.insertJobs(jobs, tx);
+      await this.touchGroups(tx, groupHeads(jobs, results));
+      return results;
+    };
+    return client ? insertAndTouch(client) : this.driver.transaction(insertAndTouch);
+  }
+
+  private async insertJobs(jobs: readonly NewJob[], client: PgQueryable | null): Promise<EnqueueResult[]> {
     if (jobs.length === 1) return [await this.enqueueOne(jobs[0]!, client)];
 
     const uniform = uniformParams(jobs);
@@ -159,6 +194,7 @@ export class PostgresQueueStore implements QueueStore {
     const rows = settingsByQueue(settings).map((setting) => ({
       queue: setting.queue,
       max_attempts: setting.maxAttempts,
+      group_on_dead: setting.groupOnDead ?? 'continue',
     }));
     if (rows.length > 0) await this.run(null, 'recordQueueSettings', [JSON.stringify(rows)]);
   }
@@ -189,7 +225,13 @@ export class PostgresQueueStore implements QueueStore {
   }
 
   async claim(request: ClaimRequest): Promise<ClaimedJob[]> {
-    const rows = await this.run<Row>(null, 'claim', [request.queue, request.limit, request.leaseMs, request.workerId]);
+    const rows = await this.run<Row>(null, 'claim', [
+      request.queue,
+      request.limit,
+      request.leaseMs,
+      request.workerId,
+      request.groupBatchSize ?? 1,
+    ]);
     return rows.map((row) => ({
       id: row.id as string,
       queue: request.queue,
@@ -227,44 +269,50 @@ export class PostgresQueueStore implements QueueStore {
 
   async complete(items: readonly OwnedJob[]): Promise<CompleteResult[]> {
     if (items.length === 0) return [];
-    const rows = await this.run<{ id: string; outcome: OwnershipOutcome }>(null, 'complete', [ownedJson(items)]);
+    const rows = await this.run<{ id: string; outcome: OwnershipOutcome } & Emptied>(null, 'complete', [
+      ownedJson(items),
+    ]);
+    await this.settle(rows[0]?.emptied_groups);
     return rows.map((row) => ({ id: row.id, outcome: row.outcome }));
   }
 
   async fail(items: readonly FailItem[]): Promise<FailResult[]> {
     if (items.length === 0) return [];
-    const rows = await this.run<{ id: string; outcome: OwnershipOutcome; state: 'ready' | 'delayed' | 'dead' | null }>(
-      null,
-      'fail',
-      [
-        JSON.stringify(
-          items.map((item) => ({
-            id: item.id,
-            token: item.claimToken,
-            error: item.error,
-            stack: item.stack,
-            delay_ms: item.retryDelayMs,
-            dead: item.dead,
-            worker: item.workerId,
-          })),
-        ),
-      ],
-    );
+    const rows = await this.run<
+      { id: string; outcome: OwnershipOutcome; state: 'ready' | 'delayed' | 'dead' | null } & Emptied
+    >(null, 'fail', [
+      JSON.stringify(
+        items.map((item) => ({
+          id: item.id,
+          token: item.claimToken,
+          error: item.error,
+          stack: item.stack,
+          delay_ms: item.retryDelayMs,
+          dead: item.dead,
+          worker: item.workerId,
+        })),
+      ),
+    ]);
+    await this.settle(rows[0]?.emptied_groups);
     return rows.map((row) => ({ id: row.id, outcome: row.outcome, state: row.state ?? null }));
   }
 
   async release(items: readonly OwnedJob[]): Promise<CompleteResult[]> {
     if (items.length === 0) return [];
-    const rows = await this.run<{ id: string; outcome: OwnershipOutcome }>(null, 'release', [ownedJson(items)]);
+    const rows = await this.run<{ id: string; outcome: OwnershipOutcome } & Emptied>(null, 'release', [
+      ownedJson(items),
+    ]);
+    await this.settle(rows[0]?.emptied_groups);
     return rows.map((row) => ({ id: row.id, outcome: row.outcome }));
   }
 
   async reap(batchSize: number): Promise<ReapedJob[]> {
-    const rows = await this.run<{ id: string; queue: string; state: 'ready' | 'dead'; attempts: number }>(
+    const rows = await this.run<{ id: string; queue: string; state: 'ready' | 'dead'; attempts: number } & Emptied>(
       null,
       'reap',
       [batchSize],
     );
+    await this.settle(rows[0]?.emptied_groups);
     return rows.map((row) => ({ id: row.id, queue: row.queue, state: row.state, attempt: Number(row.attempts) }));
   }
 
@@ -324,20 +372,165 @@ export class PostgresQueueStore implements QueueStore {
   }
 
   async retryDead(queue: string, ids: readonly JobId[] | 'all'): Promise<JobId[]> {
-    const rows =
-      ids === 'all'
-        ? await this.driver.query<{ id: string }>(this.sql.retryAllDead, [queue])
-        : await this.driver.query<{ id: string }>(this.sql.retryDead, [queue, JSON.stringify(ids)]);
-    return rows.rows.map((row) => row.id);
+    // A retried job of an ordered group takes its place in the group in the same transaction.
+    const rows = await this.driver.transaction(async (client) => {
+      const retried =
+        ids === 'all'
+          ? await client.query<{ id: string; group_key: string | null }>(this.sql.retryAllDead, [queue])
+          : await client.query<{ id: string; group_key: string | null }>(this.sql.retryDead, [
+              queue,
+              JSON.stringify(ids),
+            ]);
+      await this.touchGroups(
+        client,
+        lowestPerGroup(
+          retried.rows.flatMap((row) => (row.group_key === null ? [] : [{ queue, key: row.group_key, id: row.id }])),
+        ),
+      );
+      return retried.rows;
+    });
+    return rows.map((row) => row.id);
   }
 
   async purgeDead(queue: string, options?: { olderThanMs?: number }): Promise<number> {
     let total = 0;
     for (;;) {
-      const deleted = await this.countDeleted(this.sql.purgeDead, [queue, options?.olderThanMs ?? 0, PURGE_BATCH]);
+      const rows = await this.driver.query<{ deleted: number } & Emptied>(this.sql.purgeDead, [
+        queue,
+        options?.olderThanMs ?? 0,
+        PURGE_BATCH,
+      ]);
+      const deleted = Number(rows.rows[0]?.deleted ?? 0);
+      await this.settle(rows.rows[0]?.emptied_groups);
       total += deleted;
       if (deleted < PURGE_BATCH) return total;
     }
+  }
+
+  async listBlockedGroups(queue: string, page: { limit: number; afterKey?: string | null }): Promise<BlockedGroupPage> {
+    const rows = await this.driver.query<{
+      group_key: string;
+      job_id: string;
+      last_error: string | null;
+      finished_at: Date | null;
+    }>(this.sql.listBlockedGroups, [queue, page.afterKey ?? null, page.limit]);
+    const groups = rows.rows.map((row) => ({
+      groupKey: row.group_key,
+      jobId: row.job_id,
+      error: row.last_error ?? null,
+      diedAt: row.finished_at ?? null,
+    }));
+    return { groups, nextAfterKey: groups.length === page.limit ? groups[groups.length - 1]!.groupKey : null };
+  }
+
+  async repairGroups(limit: number): Promise<GroupRepair[]> {
+    const found = await this.driver.query<{ kind: string; queue: string | null; key: string | null }>(
+      this.sql.repairCheck,
+      [
+        this.rowSweep?.queue ?? null,
+        this.rowSweep?.key ?? null,
+        this.orphanSweep?.queue ?? null,
+        this.orphanSweep?.key ?? null,
+        limit,
+      ],
+    );
+    const suspects: GroupRef[] = [];
+    const orphans: GroupRef[] = [];
+    let rowsEnd: SweepCursor = null;
+    let walkEnd: SweepCursor = null;
+    for (const row of found.rows) {
+      const group = { queue: row.queue!, key: row.key! };
+      if (row.kind === 'row') suspects.push(group);
+      else if (row.kind === 'orphan') orphans.push(group);
+      else if (row.kind === 'rows-end') rowsEnd = group;
+      else if (row.kind === 'walk-end') walkEnd = group;
+    }
+    this.rowSweep = rowsEnd;
+    this.orphanSweep = walkEnd;
+    const repairs: GroupRepair[] = [];
+    if (suspects.length > 0) {
+      // Checked again under a lock, in a new statement: a transition may have been between its
+      // statements when the look was taken.
+      await this.driver.transaction(async (client) => {
+        await client.query(`SET LOCAL lock_timeout = ${REPAIR_LOCK_TIMEOUT_MS}`);
+        const locked = await client.query<GroupRef>(this.sql.repairLock, [JSON.stringify(suspects)]);
+        if (locked.rows.length === 0) return;
+        const fixed = await client.query<{ queue: string; key: string; problem: string }>(this.sql.repairApply, [
+          JSON.stringify(locked.rows),
+        ]);
+        for (const row of fixed.rows) repairs.push({ queue: row.queue, groupKey: row.key, problem: row.problem });
+      });
+    }
+    if (orphans.length > 0) {
+      await this.driver.transaction(async (client) => {
+        // ON CONFLICT waits for a producer creating the same row; bounded, and retried next pass.
+        await client.query(`SET LOCAL lock_timeout = ${REPAIR_LOCK_TIMEOUT_MS}`);
+        const created = await client.query<{ queue: string; key: string; head_id: string }>(this.sql.repairOrphans, [
+          JSON.stringify(orphans),
+        ]);
+        for (const row of created.rows) {
+          repairs.push({
+            queue: row.queue,
+            groupKey: row.key,
+            problem: `unfinished jobs but no group row; created it with head ${row.head_id}`,
+          });
+        }
+      });
+    }
+    return repairs;
+  }
+
+  /**
+   * Adds jobs to their groups (see touchGroups in postgres.queries.ts), in the transaction that
+   * inserted them. A round that finds a group created or deleted by another session since its
+   * snapshot leaves it to the next round, which sees it.
+   */
+  private async touchGroups(client: PgQueryable, heads: readonly (GroupRef & { id: JobId })[]): Promise<void> {
+    let pending = heads;
+    for (let round = 0; pending.length > 0; round++) {
+      if (round === GROUP_TOUCH_ROUNDS) {
+        throw new Error(`ordered groups did not settle: ${pending.length} group(s) kept being created or deleted`);
+      }
+      const rows = await client.query<GroupRef & { id: string }>(this.sql.touchGroups, [JSON.stringify(pending)]);
+      pending = rows.rows;
+    }
+  }
+
+  /**
+   * Settles groups a transition emptied (released with no unfinished job in its snapshot). Once
+   * no producer that saw the group held is still open, a new statement sees every job they
+   * added: the lowest becomes the head, else the row goes. The lock is only a barrier: a producer
+   * that comes after it sees the group idle and sets the head itself. Groups a producer still
+   * holds are settled in the background, waiting for its transaction, so a caller's long
+   * transaction never holds up the worker that completed a job.
+   */
+  private async settle(emptied: GroupRef[] | null | undefined): Promise<void> {
+    if (!emptied || emptied.length === 0) return;
+    const locked = await this.driver.query<GroupRef>(this.sql.settleLock, [JSON.stringify(emptied)]);
+    if (locked.rows.length > 0) await this.driver.query(this.sql.settleApply, [JSON.stringify(locked.rows)]);
+    const done = new Set(locked.rows.map(groupId));
+    for (const group of emptied) if (!done.has(groupId(group))) this.settleLater(group);
+  }
+
+  private settleLater(group: GroupRef): void {
+    const id = groupId(group);
+    if (this.settling.has(id) || this.closed) return;
+    const task = (async () => {
+      for (let attempt = 0; attempt < SETTLE_TRIES && !this.closed; attempt++) {
+        try {
+          const locked = await this.driver.transaction(async (client) => {
+            await client.query(`SET LOCAL lock_timeout = ${SETTLE_WAIT_MS}`);
+            return (await client.query<GroupRef>(this.sql.settleLockWait, [group.queue, group.key])).rows;
+          });
+          if (locked.length > 0) await this.driver.query(this.sql.settleApply, [JSON.stringify(locked)]);
+          return;
+        } catch {
+          // A lock timeout (the producer's transaction is still open) or a lost connection: try
+          // again; what is never settled here, the repair sweep settles.
+        }
+      }
+    })().finally(() => this.settling.delete(id));
+    this.settling.set(id, task);
   }
 
   async cleanup(request: CleanupRequest): Promise<number> {
@@ -370,8 +563,9 @@ export class PostgresQueueStore implements QueueStore {
     return isTransientPgError(error);
   }
 
-  close(): Promise<void> {
-    return this.driver.close();
+  async close(): Promise<void> {
+    this.closed = true;
+    await this.driver.close();
   }
 
   /** Hot statements run prepared on the store's pool; on a caller's client they run plain. */
@@ -449,6 +643,36 @@ function enqueueManyParams(jobs: readonly NewJob[]): unknown[] {
   ];
 }
 
+/** The `emptied_groups` column of the statements that release groups. */
+interface Emptied {
+  emptied_groups: GroupRef[] | null;
+}
+
+function groupId(group: GroupRef): string {
+  return `${group.queue}\u0000${group.key}`;
+}
+
+/** The lowest job id per group, in one entry per group. */
+function lowestPerGroup(items: readonly (GroupRef & { id: JobId })[]): (GroupRef & { id: JobId })[] {
+  const lowest = new Map<string, GroupRef & { id: JobId }>();
+  for (const item of items) {
+    const current = lowest.get(groupId(item));
+    if (!current || BigInt(item.id) < BigInt(current.id)) lowest.set(groupId(item), item);
+  }
+  return [...lowest.values()];
+}
+
+/** The jobs an enqueue created in ordered groups, as the lowest new id per group. */
+function groupHeads(jobs: readonly NewJob[], results: readonly EnqueueResult[]): (GroupRef & { id: JobId })[] {
+  return lowestPerGroup(
+    jobs.flatMap((job, index) =>
+      job.groupKey !== null && results[index]!.created
+        ? [{ queue: job.queue, key: job.groupKey, id: results[index]!.jobId }]
+        : [],
+    ),
+  );
+}
+
 function toQueueStats(queue: string, row: Record<string, unknown>): QueueStats {
   return {
     queue,
@@ -458,6 +682,7 @@ function toQueueStats(queue: string, row: Record<string, unknown>): QueueStats {
     expiredLeases: Number(row.expired_leases),
     dead: Number(row.dead),
     retrying: Number(row.retrying),
+    blockedGroups: Number(row.blocked_groups ?? 0),
     oldestReadyAgeMs: Math.max(0, Number(row.oldest_ready_age_ms ?? 0)),
   };
 }
