@@ -1,0 +1,111 @@
+import { randomUUID } from 'node:crypto';
+import { describe, expect, it } from 'vitest';
+import { QueueConsumer } from '../../lib/src/core/queue-consumer.js';
+import type { ClaimedJob, FailItem, OwnedJob } from '../../lib/src/core/types.js';
+import { claimedJob, engineDeps, queueOptions, stopOnFakeClock } from '../helpers/engine.js';
+import { FakeClock } from '../helpers/fake-clock.js';
+import { MemoryStore } from '../helpers/memory-store.js';
+
+/**
+ * The engine's side of an ordered group's batch (`groupBatchSize`): the store leases a group's
+ * head and the jobs after it under one claim token; one reader runs them in id order, each after
+ * the one before it completed. What the database does with them is proven by the contract suite.
+ */
+class BatchStore extends MemoryStore {
+  readonly completed: string[] = [];
+  readonly failed: string[] = [];
+  readonly released: string[] = [];
+  private batch: ClaimedJob[] | null;
+
+  constructor(ids: string[]) {
+    super();
+    const token = randomUUID();
+    // Out of order on purpose: the engine orders a batch by id, not by the statement's row order.
+    this.batch = ids.map((id) => claimedJob(id, token, { groupKey: 'order-1' }));
+  }
+
+  override async claim(request: { limit: number }): Promise<ClaimedJob[]> {
+    this.claimLimits.push(request.limit);
+    const batch = this.batch ?? [];
+    this.batch = null;
+    return batch;
+  }
+
+  override async complete(items: readonly OwnedJob[]) {
+    this.completed.push(...items.map((item) => item.id));
+    return items.map((item) => ({ id: item.id, outcome: 'ok' as const }));
+  }
+
+  override async fail(items: readonly FailItem[]) {
+    this.failed.push(...items.map((item) => item.id));
+    return items.map((item) => ({ id: item.id, outcome: 'ok' as const, state: 'ready' as const }));
+  }
+
+  override async release(items: readonly OwnedJob[]) {
+    this.released.push(...items.map((item) => item.id));
+    return items.map((item) => ({ id: item.id, outcome: 'ok' as const }));
+  }
+}
+
+function run(store: BatchStore, handler: (id: string, clock: FakeClock) => Promise<void>, maxReaders = 4) {
+  const clock = new FakeClock();
+  const spans: { id: string; start: number; end: number }[] = [];
+  const consumer = new QueueConsumer(
+    engineDeps(store, clock),
+    queueOptions({ maxReaders, groupBatchSize: 3 }),
+    async (_payload, context) => {
+      const start = clock.now();
+      await handler(context.jobId, clock);
+      spans.push({ id: context.jobId, start, end: clock.now() });
+    },
+  );
+  return { clock, consumer, spans };
+}
+
+describe('a group batch', () => {
+  it('runs on one reader, in id order, each job after the one before it', async () => {
+    const store = new BatchStore(['12', '10', '11']);
+    const started = run(store, (_id, clock) => clock.sleep(100));
+    const { clock } = started;
+    started.consumer.start();
+    await clock.advance(1_000);
+    expect(started.spans.map((s) => s.id)).toEqual(['10', '11', '12']);
+    for (let i = 1; i < started.spans.length; i++) {
+      expect(started.spans[i]!.start).toBeGreaterThanOrEqual(started.spans[i - 1]!.end);
+    }
+    expect(store.completed).toEqual(['10', '11', '12']);
+    // One unit of work: the claim asked for the free slots, and no reader beyond one ran it.
+    expect(started.consumer.snapshot().running).toBe(0);
+    await stopOnFakeClock(started.consumer, clock);
+  });
+
+  it('stops at a failure and leaves the rest to the failure statement, which gives them back', async () => {
+    const store = new BatchStore(['1', '2', '3']);
+    const { clock, consumer, spans } = run(store, async (id) => {
+      if (id === '2') throw new Error('boom');
+    });
+    consumer.start();
+    await clock.advance(1_000);
+    expect(spans.map((s) => s.id)).toEqual(['1']);
+    expect(store.completed).toEqual(['1']);
+    expect(store.failed).toEqual(['2']);
+    // Job 3 never ran, and is not given back from here (the database already did, with job 2's
+    // failure), nor heartbeated any longer.
+    expect(store.released).toEqual([]);
+    await stopOnFakeClock(consumer, clock);
+    expect(store.released).toEqual([]);
+  });
+
+  it('at shutdown, finishes the running job and gives the rest of its batch back', async () => {
+    const store = new BatchStore(['1', '2', '3']);
+    const started = run(store, (_id, clock) => clock.sleep(500));
+    const { clock } = started;
+    started.consumer.start();
+    await clock.advance(100);
+    expect(started.consumer.snapshot().running).toBe(1);
+    await stopOnFakeClock(started.consumer, clock);
+    expect(store.completed).toEqual(['1']);
+    expect(store.released.sort()).toEqual(['2', '3']);
+    expect(started.spans.map((s) => s.id)).toEqual(['1']);
+  });
+});
