@@ -39,9 +39,12 @@ const PURGE_BATCH = 5_000;
 const IDEMPOTENT_ENQUEUE_ROUNDS = 3;
 /** Rounds of touchGroups before giving up: each lost round is a group created or deleted meanwhile. */
 const GROUP_TOUCH_ROUNDS = 5;
-/** How long a background settle waits for a producer's transaction per try, and how often it tries. */
-const SETTLE_WAIT_MS = 30_000;
-const SETTLE_TRIES = 20;
+/**
+ * How long a background settle waits for a producer's transaction per try (short, so closing the
+ * store never waits long for one), and how often it tries (10 minutes in all).
+ */
+const SETTLE_WAIT_MS = 5_000;
+const SETTLE_TRIES = 120;
 /** The repair sweep waits at most this long on a row lock before leaving a page for a later pass. */
 const REPAIR_LOCK_TIMEOUT_MS = 2_000;
 
@@ -506,9 +509,15 @@ export class PostgresQueueStore implements QueueStore {
    */
   private async settle(emptied: GroupRef[] | null | undefined): Promise<void> {
     if (!emptied || emptied.length === 0) return;
-    const locked = await this.driver.query<GroupRef>(this.sql.settleLock, [JSON.stringify(emptied)]);
-    if (locked.rows.length > 0) await this.driver.query(this.sql.settleApply, [JSON.stringify(locked.rows)]);
-    const done = new Set(locked.rows.map(groupId));
+    let done = new Set<string>();
+    try {
+      const locked = await this.driver.query<GroupRef>(this.sql.settleLock, [JSON.stringify(emptied)]);
+      if (locked.rows.length > 0) await this.driver.query(this.sql.settleApply, [JSON.stringify(locked.rows)]);
+      done = new Set(locked.rows.map(groupId));
+    } catch {
+      // The transition itself committed: a retry of it would answer 'already' and not report
+      // the groups again, so they are settled in the background instead of failing the call.
+    }
     for (const group of emptied) if (!done.has(groupId(group))) this.settleLater(group);
   }
 
