@@ -140,6 +140,9 @@ export const PG_MIGRATIONS: readonly PgMigration[] = [
         `CREATE INDEX jobs_delayed_ix ON ${s}.jobs (queue, run_at, id) WHERE state = 'delayed' AND group_key IS NULL`,
         `CREATE INDEX jobs_group_ix ON ${s}.jobs (queue, group_key, id)
   WHERE group_key IS NOT NULL AND state IN ('ready', 'delayed', 'leased')`,
+        // A group's leased jobs by their token (the jobs of one group batch): whether the group is
+        // still held, and which batch jobs go back with a failure, without walking a deep group.
+        `CREATE INDEX jobs_batch_ix ON ${s}.jobs (claim_token) WHERE state = 'leased' AND group_key IS NOT NULL`,
         `ALTER TABLE ${s}.queue_settings ADD COLUMN group_on_dead varchar(8) NOT NULL DEFAULT 'continue',
   ADD CONSTRAINT queue_settings_group_on_dead_ck CHECK (group_on_dead IN ('continue', 'block'))`,
         // Before version 4 a group's jobs could be leased together; the lowest leased one's token

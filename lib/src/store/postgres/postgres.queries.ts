@@ -77,8 +77,9 @@ function releaseGroups(jobs: string, groups: string, changed: string): string {
 ), group_next AS MATERIALIZED (
   SELECT t.queue, t.group_key, t.token,
     EXISTS (SELECT 1 FROM ${jobs} s
-            WHERE s.queue = t.queue AND s.group_key = t.group_key AND s.state = 'leased'
-              AND s.claim_token = t.token AND s.id NOT IN (SELECT c.id FROM ${changed} c)) AS still_held,
+            WHERE s.claim_token = t.token AND s.state = 'leased' AND s.group_key IS NOT NULL
+              AND s.queue = t.queue AND s.group_key = t.group_key
+              AND s.id NOT IN (SELECT c.id FROM ${changed} c)) AS still_held,
     b.id AS blocking_id, n.id AS head_id, n.run_at AS head_ready_at, n.priority AS head_priority
   FROM group_touched t
   LEFT JOIN LATERAL (
@@ -136,7 +137,8 @@ export function pgQueries(schema: string): PgQueries {
   const groupProblem = (g: string, n: string) => `CASE
     WHEN ${g}.held_token IS NOT NULL AND NOT EXISTS (
       SELECT 1 FROM ${jobs} l
-      WHERE l.queue = ${g}.queue AND l.group_key = ${g}.group_key AND l.state = 'leased' AND l.claim_token = ${g}.held_token)
+      WHERE l.claim_token = ${g}.held_token AND l.state = 'leased' AND l.group_key IS NOT NULL
+        AND l.queue = ${g}.queue AND l.group_key = ${g}.group_key)
       THEN 'held by token ' || ${g}.held_token::text || ', which no leased job of the group has'
     WHEN ${g}.blocked AND NOT EXISTS (
       SELECT 1 FROM ${jobs} d
@@ -156,8 +158,8 @@ export function pgQueries(schema: string): PgQueries {
   SET state = 'ready', attempts = GREATEST(j.attempts - 1, 0), claim_token = NULL, lease_until = NULL,
       claimed_at = NULL, worker_id = NULL
   FROM (SELECT DISTINCT queue, group_key, token FROM ${moved} WHERE group_key IS NOT NULL) AS m
-  WHERE j.queue = m.queue AND j.group_key = m.group_key AND j.state = 'leased' AND j.claim_token = m.token
-    AND j.id NOT IN (SELECT id FROM ${moved})
+  WHERE j.claim_token = m.token AND j.state = 'leased' AND j.group_key IS NOT NULL
+    AND j.queue = m.queue AND j.group_key = m.group_key AND j.id NOT IN (SELECT id FROM ${moved})
   RETURNING j.id, j.queue, j.group_key, m.token, j.state, j.run_at, j.priority
 )`;
   // A job's attempts: its own, else what the queue's consumers recorded, else the producer's
@@ -431,8 +433,8 @@ FROM input LEFT JOIN released ON released.id = input.id`,
   UNION
   SELECT s.id, s.claim_token, true FROM ${jobs} s
   JOIN (SELECT DISTINCT queue, group_key, claim_token FROM expired_leases WHERE group_key IS NOT NULL) AS e
-    ON s.queue = e.queue AND s.group_key = e.group_key AND s.claim_token = e.claim_token
-  WHERE s.state = 'leased' AND s.id NOT IN (SELECT id FROM expired_leases)
+    ON s.claim_token = e.claim_token AND s.queue = e.queue AND s.group_key = e.group_key
+  WHERE s.state = 'leased' AND s.group_key IS NOT NULL AND s.id NOT IN (SELECT id FROM expired_leases)
 ), reaped AS (
   UPDATE ${jobs} AS j
   SET state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END,
