@@ -24,7 +24,8 @@ export interface PgQueries {
   fail: string;
   release: string;
   reap: string;
-  touchGroups: string;
+  touchLock: string;
+  touchMove: string;
   settleLock: string;
   settleLockWait: string;
   settleApply: string;
@@ -459,17 +460,16 @@ SELECT id::text AS id, queue, state, attempts, ${EMPTIED_GROUPS} FROM reaped`,
 
     // ---- ordered groups ------------------------------------------------------------------
 
-    // $1 jsonb [{queue, key, id}], one entry per group in (queue, key) order: the lowest job id
-    // this call added to (or retried in) each group. Runs in the producer's transaction, after
-    // the insert. A group with no row gets one with the job as head. An existing row is locked
-    // FOR KEY SHARE, which neither claims (FOR NO KEY UPDATE) nor completions conflict with, so
-    // a caller's long transaction holds up no one; it makes a completion that emptied the group
-    // wait for this transaction before it settles the group (settleLockWait), so the job is seen
-    // or the head is set here, never neither. The head moves to the job when the group is idle,
-    // or not held and headed by a later job (an earlier-numbered job committing late), or
-    // blocked by this very job (retryDead). A row this statement's snapshot cannot see (created or
-    // deleted concurrently) comes back unsettled, and the store runs the statement again.
-    touchGroups: `WITH input AS MATERIALIZED (
+    // $1 jsonb [{queue, key, id}], one entry per group: the lowest job id this call added to (or
+    // retried in) each group. Runs in the producer's transaction, after the insert, and before
+    // touchMove. A group with no row gets one with the job as head ('created'). An existing row
+    // is locked FOR KEY SHARE ('locked'), which neither claims (FOR NO KEY UPDATE) nor completions
+    // conflict with, so a caller's long transaction holds up no one; it makes a completion that
+    // emptied the group wait for this transaction before it settles the group (settleLockWait),
+    // so the job is either seen by the settling or made the head by touchMove, never neither. A
+    // row this statement's snapshot cannot see (created or deleted concurrently) is 'missing', and
+    // the store runs the statement again.
+    touchLock: `WITH input AS MATERIALIZED (
   SELECT i.queue, i.key, i.id, j.run_at, j.priority
   FROM jsonb_to_recordset($1::jsonb) AS i(queue text, key text, id bigint)
   JOIN ${jobs} j ON j.id = i.id AND j.state IN ('ready', 'delayed')
@@ -484,19 +484,25 @@ SELECT id::text AS id, queue, state, attempts, ${EMPTIED_GROUPS} FROM reaped`,
   ORDER BY i.queue, i.key
   ON CONFLICT (queue, group_key) DO NOTHING
   RETURNING queue, group_key
-), moved AS (
-  UPDATE ${groups} AS g
-  SET head_id = i.id, head_ready_at = i.run_at, head_priority = i.priority, blocked = false, updated_at = now()
-  FROM input i
-  WHERE g.queue = i.queue AND g.group_key = i.key
-    AND EXISTS (SELECT 1 FROM locked l WHERE l.queue = g.queue AND l.group_key = g.group_key)
-    AND g.held_token IS NULL
-    AND ((NOT g.blocked AND (g.head_id IS NULL OR g.head_id > i.id)) OR (g.blocked AND g.head_id = i.id))
 )
-SELECT i.queue, i.key, i.id::text AS id
-FROM input i
-WHERE NOT EXISTS (SELECT 1 FROM locked l WHERE l.queue = i.queue AND l.group_key = i.key)
-  AND NOT EXISTS (SELECT 1 FROM created c WHERE c.queue = i.queue AND c.group_key = i.key)`,
+SELECT i.queue, i.key, i.id::text AS id,
+  CASE WHEN EXISTS (SELECT 1 FROM locked l WHERE l.queue = i.queue AND l.group_key = i.key) THEN 'locked'
+       WHEN EXISTS (SELECT 1 FROM created c WHERE c.queue = i.queue AND c.group_key = i.key) THEN 'created'
+       ELSE 'missing' END AS status
+FROM input i`,
+
+    // $1 jsonb [{queue, key, id}]: the groups touchLock locked. A new statement, so its snapshot
+    // is younger than the lock: it sees every transition committed before the lock, and one
+    // running now makes this UPDATE wait and re-check (a decision taken on touchLock's older
+    // snapshot could miss a group just emptied, and leave the job to a settling that had already
+    // passed). The head moves to the job when the group is idle, or not held and headed by a
+    // later job (an earlier-numbered job committing late), or blocked by this very job (retryDead).
+    touchMove: `UPDATE ${groups} AS g
+SET head_id = i.id, head_ready_at = j.run_at, head_priority = j.priority, blocked = false, updated_at = now()
+FROM jsonb_to_recordset($1::jsonb) AS i(queue text, key text, id bigint)
+JOIN ${jobs} j ON j.id = i.id
+WHERE g.queue = i.queue AND g.group_key = i.key AND g.held_token IS NULL
+  AND ((NOT g.blocked AND (g.head_id IS NULL OR g.head_id > i.id)) OR (g.blocked AND g.head_id = i.id))`,
 
     // $1 jsonb [{queue, key}] in (queue, key) order: groups a transition emptied. Locks those
     // still idle and headless, skipping any a producer holds (its FOR KEY SHARE) or another

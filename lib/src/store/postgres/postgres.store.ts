@@ -484,18 +484,28 @@ export class PostgresQueueStore implements QueueStore {
   }
 
   /**
-   * Adds jobs to their groups (see touchGroups in postgres.queries.ts), in the transaction that
-   * inserted them. A round that finds a group created or deleted by another session since its
-   * snapshot leaves it to the next round, which sees it.
+   * Adds jobs to their groups (see touchLock and touchMove in postgres.queries.ts), in the
+   * transaction that inserted them. A round that finds a group created or deleted by another
+   * session since its snapshot leaves it to the next round, which sees it.
    */
   private async touchGroups(client: PgQueryable, heads: readonly (GroupRef & { id: JobId })[]): Promise<void> {
     let pending = heads;
+    const locked: (GroupRef & { id: string })[] = [];
     for (let round = 0; pending.length > 0; round++) {
       if (round === GROUP_TOUCH_ROUNDS) {
         throw new Error(`ordered groups did not settle: ${pending.length} group(s) kept being created or deleted`);
       }
-      const rows = await client.query<GroupRef & { id: string }>(this.sql.touchGroups, [JSON.stringify(pending)]);
-      pending = rows.rows;
+      const rows = await client.query<GroupRef & { id: string; status: 'locked' | 'created' | 'missing' }>(
+        this.sql.touchLock,
+        [JSON.stringify(pending)],
+      );
+      locked.push(...rows.rows.filter((row) => row.status === 'locked'));
+      pending = rows.rows.filter((row) => row.status === 'missing');
+    }
+    if (locked.length > 0) {
+      await client.query(this.sql.touchMove, [
+        JSON.stringify(locked.map(({ queue, key, id }) => ({ queue, key, id }))),
+      ]);
     }
   }
 
