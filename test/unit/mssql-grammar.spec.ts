@@ -10,10 +10,13 @@ import {
   mssqlRecordVersion,
 } from '../../lib/src/store/mssql/mssql.migrations.js';
 import {
+  CLAIMABLE_GROUP,
   MSSQL_CALLER_TRANSACTION_GONE,
   MSSQL_OPEN_TRANSACTION,
   MSSQL_STORE_SESSION,
   mssqlQueries,
+  UNFINISHED_GROUPED,
+  type MssqlQueries,
 } from '../../lib/src/store/mssql/mssql.queries.js';
 import { checkTsqlWithKnownGaps } from '../helpers/tsql-grammar.js';
 
@@ -46,6 +49,18 @@ describe('every T-SQL batch the SQL Server store emits parses as T-SQL', () => {
     }
   }
 
+  it.each(everyBatch('sqlqueue'))(
+    '%s: each common table expression follows a statement ended with a semicolon',
+    (_name, text) => {
+      // "When a CTE is used in a statement that is part of a batch, the statement before it must
+      // be followed by a semicolon" (WITH common_table_expression); BEGIN is no such statement.
+      for (const m of text.matchAll(/\bWITH\s+\w+\s+AS\s+\(/g)) {
+        const before = text.slice(0, m.index).trimEnd();
+        expect(before === '' || before.endsWith(';'), text.slice(Math.max(0, m.index! - 60), m.index! + 20)).toBe(true);
+      }
+    },
+  );
+
   it('the gate rejects a store statement that a PostgreSQL habit broke', () => {
     const claim = mssqlQueries('sqlqueue').claim;
     const broken = claim
@@ -58,8 +73,8 @@ describe('every T-SQL batch the SQL Server store emits parses as T-SQL', () => {
   it('the gate rejects the queue-setting upsert written the PostgreSQL way', () => {
     const upsert = mssqlQueries('sqlqueue').recordQueueSetting;
     const broken = upsert.replace(
-      /UPDATE [\s\S]*VALUES \(@queue, @maxAttempts\);/,
-      'INSERT INTO [sqlqueue].[QueueSettings] ([Queue], [MaxAttempts]) VALUES (@queue, @maxAttempts) ON CONFLICT ([Queue]) DO UPDATE SET [MaxAttempts] = @maxAttempts;',
+      /UPDATE [\s\S]*VALUES \(@queue, @maxAttempts, @groupOnDead\);/,
+      'INSERT INTO [sqlqueue].[QueueSettings] ([Queue], [MaxAttempts], [GroupOnDead]) VALUES (@queue, @maxAttempts, @groupOnDead) ON CONFLICT ([Queue]) DO UPDATE SET [MaxAttempts] = @maxAttempts;',
     );
     expect(broken).not.toBe(upsert);
     expect(checkTsqlWithKnownGaps(broken).errors).not.toEqual([]);
@@ -67,7 +82,7 @@ describe('every T-SQL batch the SQL Server store emits parses as T-SQL', () => {
 });
 
 /** Store-owned: run on the store's own pooled connections, never in a caller's transaction. */
-const CALLER_TRANSACTION_STATEMENTS = new Set(['enqueueOne', 'enqueueMany']);
+const CALLER_TRANSACTION_STATEMENTS = new Set(['enqueueOne', 'enqueueMany', 'enqueueOneGrouped', 'enqueueManyGrouped']);
 /** A bare readiness round trip; it changes nothing and must work on any connection. */
 const PLAIN_STATEMENTS = new Set(['ping']);
 
@@ -91,10 +106,13 @@ describe('session state of the statements the SQL Server store runs on its own (
     expect(checkTsqlWithKnownGaps(MSSQL_STORE_SESSION).errors).toEqual([]);
   });
 
-  it('covers every statement but the two enqueues and ping', () => {
+  it('covers every statement but the enqueues and ping', () => {
     expect(storeOwned().map(([name]) => name)).toEqual(
       expect.arrayContaining([
         'claim',
+        'listBlockedGroups',
+        'findGroupProblems',
+        'repairGroup',
         'heartbeat',
         'complete',
         'fail',
@@ -172,63 +190,119 @@ describe('table hints (issue 10)', () => {
   });
 });
 
-const JOBS_OR_ATTEMPTS = String.raw`\[sqlqueue\]\.\[(?:Jobs|Attempts)\]`;
+/** The tables the claim path reads, whose rows writers must lock one by one. */
+const WRITTEN = String.raw`\[sqlqueue\]\.\[(?:Jobs|Attempts|Groups)\]`;
 
 interface DmlTarget {
   statement: string;
+  /** Where it starts in the batch. */
+  at: number;
+  table: string;
   how: string;
   hints: string[];
-  /** TOP (@n) on the rows it changes, or a join to a table-valued parameter the store bounds. */
+  /** TOP (@n) on the rows it changes, a join to a table variable the batch bounds, or one primary key. */
   bounded: boolean;
 }
 
 /**
- * The Jobs/Attempts rows each INSERT, UPDATE and DELETE writes, with the hints on the table
- * reference that chooses them. UPDATE forms in use: `UPDATE alias … FROM table AS alias WITH (…)
- * INNER JOIN @tvp`, and `WITH cte AS (SELECT TOP (@n) * FROM table WITH (…) …) UPDATE cte`.
+ * The Jobs, Attempts and Groups rows each INSERT, UPDATE and DELETE writes, with the hints on
+ * the table reference that chooses them. Forms in use: `UPDATE alias … FROM table AS alias WITH
+ * (…) INNER JOIN @tvp`, `WITH cte AS (SELECT TOP (@n) * FROM table WITH (…) …) UPDATE cte`,
+ * `UPDATE table WITH (…) SET … WHERE <primary key>`, and the same for DELETE. Each statement is
+ * read up to its `;` (none of them has one inside).
  */
 function dmlTargets(text: string): DmlTarget[] {
   const targets: DmlTarget[] = [];
-  const hintsAfter = (at: number) => {
-    const m = /^(?:\s+AS\s+\w+)?\s+WITH\s+\(([^)]*)\)/.exec(text.slice(at));
-    return m ? m[1]!.split(/\s*,\s*/) : [];
-  };
-  for (const m of text.matchAll(new RegExp(String.raw`\bINSERT\s+INTO\s+(${JOBS_OR_ATTEMPTS})`, 'g'))) {
-    targets.push({ statement: m[0], how: 'insert', hints: hintsAfter(m.index! + m[0].length), bounded: true });
+  const statementAt = (at: number) => text.slice(at, text.indexOf(';', at));
+  const hintList = (list: string | undefined) => (list ? list.split(/\s*,\s*/) : []);
+  const hintsAfter = (at: number) => hintList(/^(?:\s+AS\s+\w+)?\s+WITH\s+\(([^)]*)\)/.exec(text.slice(at))?.[1]);
+  // One row by the primary key of Groups (Jobs and Attempts are never written that way here).
+  const byGroupKey = (statement: string) => /\[Queue\] = @queue AND \[GroupKey\] = @groupKey/.test(statement);
+  for (const m of text.matchAll(new RegExp(String.raw`\bINSERT\s+INTO\s+(${WRITTEN})`, 'g'))) {
+    targets.push({
+      statement: m[0],
+      at: m.index!,
+      table: m[1]!,
+      how: 'insert',
+      hints: hintsAfter(m.index! + m[0].length),
+      bounded: true,
+    });
   }
   for (const m of text.matchAll(
-    new RegExp(String.raw`\bDELETE\s+(TOP\s*\([^)]*\)\s+)?FROM\s+(${JOBS_OR_ATTEMPTS})`, 'g'),
+    new RegExp(String.raw`\bDELETE\s+(TOP\s*\([^)]*\)\s+)?(?:(\w+)\s+)?FROM\s+(${WRITTEN})(?:\s+AS\s+(\w+))?`, 'g'),
   )) {
-    targets.push({ statement: m[0], how: 'delete', hints: hintsAfter(m.index! + m[0].length), bounded: !!m[1] });
+    const statement = statementAt(m.index!);
+    const viaTable =
+      m[2] !== undefined &&
+      new RegExp(String.raw`\bAS\s+${m[2]}\s+WITH\s+\([^)]*\)\s+INNER\s+JOIN\s+@\w+`).test(statement);
+    targets.push({
+      statement: m[0],
+      at: m.index!,
+      table: m[3]!,
+      how: viaTable ? 'delete via table variable' : 'delete',
+      hints: hintsAfter(m.index! + m[0].length),
+      bounded: !!m[1] || viaTable || byGroupKey(statement),
+    });
   }
   for (const m of text.matchAll(/\bUPDATE\s+(\S+)/g)) {
     const target = m[1]!;
-    // A table variable (the enqueue's @keys) or another table of the schema (QueueSettings) is
-    // not in the claim path.
-    if (new RegExp(String.raw`\bFROM\s+@\w+\s+AS\s+${target}\b`).test(text)) continue;
-    if (/^\[sqlqueue\]\.\[\w+\]$/.test(target) && !new RegExp(`^${JOBS_OR_ATTEMPTS}$`).test(target)) continue;
-    if (new RegExp(`^${JOBS_OR_ATTEMPTS}$`).test(target)) {
-      targets.push({ statement: m[0], how: 'update', hints: hintsAfter(m.index! + m[0].length), bounded: false });
+    const statement = statementAt(m.index!);
+    // A table variable (@keys, @heads) or another table of the schema (QueueSettings): not in the claim path.
+    if (new RegExp(String.raw`\bFROM\s+@\w+\s+AS\s+${target}\b`).test(statement)) continue;
+    if (new RegExp(`^${WRITTEN}$`).test(target)) {
+      targets.push({
+        statement: m[0],
+        at: m.index!,
+        table: target,
+        how: 'update',
+        hints: hintsAfter(m.index! + m[0].length),
+        bounded: byGroupKey(statement),
+      });
       continue;
     }
-    // Another table of the schema, named directly (QueueSettings): not a write to Jobs or Attempts.
     if (/^\[sqlqueue\]\.\[\w+\]$/.test(target)) continue;
     const alias = new RegExp(
-      String.raw`\bFROM\s+${JOBS_OR_ATTEMPTS}\s+AS\s+${target}(?:\s+WITH\s+\(([^)]*)\))?\s+INNER\s+JOIN\s+(@\w+)`,
-    ).exec(text);
-    const cte = new RegExp(
-      String.raw`\b${target}\s+AS\s+\(\s*SELECT\s+(TOP\s*\(@\w+\)\s+)?\*\s+FROM\s+${JOBS_OR_ATTEMPTS}\s+WITH\s+\(([^)]*)\)`,
-    ).exec(text);
+      String.raw`\bFROM\s+(${WRITTEN})\s+AS\s+${target}(?:\s+WITH\s+\(([^)]*)\))?\s+INNER\s+JOIN\s+(@\w+)`,
+    ).exec(statement);
+    // The CTE is defined before the UPDATE: the last definition of that name before it.
+    const ctes = [
+      ...text
+        .slice(0, m.index!)
+        .matchAll(
+          new RegExp(
+            String.raw`\b${target}\s+AS\s+\(\s*SELECT\s+(TOP\s*\(@\w+\)\s+)?\*\s+FROM\s+(${WRITTEN})\s+WITH\s+\(([^)]*)\)`,
+            'g',
+          ),
+        ),
+    ];
+    const cte = ctes[ctes.length - 1];
     if (alias)
       targets.push({
         statement: m[0],
-        how: `update via ${alias[2]}`,
-        hints: alias[1]?.split(/\s*,\s*/) ?? [],
+        at: m.index!,
+        table: alias[1]!,
+        how: `update via ${alias[3]}`,
+        hints: hintList(alias[2]),
         bounded: true,
       });
     else if (cte)
-      targets.push({ statement: m[0], how: 'update via cte', hints: cte[2]!.split(/\s*,\s*/), bounded: !!cte[1] });
-    else targets.push({ statement: m[0], how: 'update (unrecognised form)', hints: [], bounded: false });
+      targets.push({
+        statement: m[0],
+        at: m.index!,
+        table: cte[2]!,
+        how: 'update via cte',
+        hints: hintList(cte[3]),
+        bounded: !!cte[1],
+      });
+    else
+      targets.push({
+        statement: m[0],
+        at: m.index!,
+        table: '?',
+        how: 'update (unrecognised form)',
+        hints: [],
+        bounded: false,
+      });
   }
   return targets;
 }
@@ -236,7 +310,17 @@ function dmlTargets(text: string): DmlTarget[] {
 /** The READPAST claims (claim, reaper) fill the granularity slot with READCOMMITTEDLOCK. */
 const CLAIM_HINTS = ['UPDLOCK', 'READPAST', 'READCOMMITTEDLOCK'];
 
-describe('writes to Jobs and Attempts (issue 10, P4/P5)', () => {
+/**
+ * A producer's update of its group row (the head moves to its job when the group is idle or
+ * headed by a later job): a locking read, which waits for a transition emptying the group,
+ * also where optimized locking would read the last committed version (research A.3).
+ */
+const isProducerHeadUpdate = (text: string, target: DmlTarget) =>
+  target.table === '[sqlqueue].[Groups]' &&
+  target.how.startsWith('update') &&
+  /\[HeadId\] > (?:h\.\[Id\]|@firstId)/.test(text.slice(target.at, text.indexOf(';', target.at)));
+
+describe('writes to Jobs, Attempts and Groups (issue 10, P4/P5; issue 11)', () => {
   const queries = mssqlQueries('sqlqueue');
   const writers = Object.entries(queries).filter(([, text]) => dmlTargets(text).length > 0);
 
@@ -247,39 +331,55 @@ describe('writes to Jobs and Attempts (issue 10, P4/P5)', () => {
         'cleanup',
         'complete',
         'enqueueMany',
+        'enqueueManyGrouped',
         'enqueueOne',
+        'enqueueOneGrouped',
         'fail',
         'heartbeat',
         'purgeDead',
         'reap',
         'release',
+        'repairGroup',
         'retryAllDead',
         'retryDead',
       ].sort(),
     );
   });
 
-  it.each(writers)('%s takes row locks: ROWLOCK, or the claim hints on a READPAST claim', (name, text) => {
-    for (const target of dmlTargets(text)) {
-      const readpastClaim = (name === 'claim' || name === 'reap') && target.how === 'update via cte';
-      const expected = readpastClaim ? CLAIM_HINTS : ['ROWLOCK'];
-      expect(target.hints, `${name}: ${target.statement} (${target.how})`).toEqual(expected);
-    }
-  });
+  it.each(writers)(
+    "%s takes row locks: ROWLOCK, the claim hints on a READPAST claim, READCOMMITTEDLOCK on a producer's group update",
+    (name, text) => {
+      for (const target of dmlTargets(text)) {
+        const readpastClaim = (name === 'claim' || name === 'reap') && target.how === 'update via cte';
+        const expected = readpastClaim
+          ? CLAIM_HINTS
+          : isProducerHeadUpdate(text, target)
+            ? ['READCOMMITTEDLOCK']
+            : ['ROWLOCK'];
+        expect(target.hints, `${name}: ${target.statement} ${target.table} (${target.how})`).toEqual(expected);
+      }
+    },
+  );
 
   it.each(writers)('%s never changes an unbounded set of rows', (name, text) => {
     for (const target of dmlTargets(text)) {
-      expect(target.bounded, `${name}: ${target.statement} (${target.how})`).toBe(true);
+      expect(target.bounded, `${name}: ${target.statement} ${target.table} (${target.how})`).toBe(true);
     }
   });
 
-  it('the checks can fail: a hint dropped, a whole-queue UPDATE', () => {
+  it('the checks can fail: a hint dropped, a whole-queue UPDATE, a producer update without its locking read', () => {
     const complete = queries.complete.replace('WITH (ROWLOCK)', '');
-    expect(dmlTargets(complete).map((t) => t.hints)).toEqual([[]]);
+    expect(dmlTargets(complete).find((t) => t.table === '[sqlqueue].[Jobs]')!.hints).toEqual([]);
     const unbounded = `UPDATE [sqlqueue].[Jobs] WITH (ROWLOCK) SET [State] = 'ready' WHERE [Queue] = @queue AND [State] = 'dead';`;
     expect(dmlTargets(unbounded)).toEqual([expect.objectContaining({ hints: ['ROWLOCK'], bounded: false })]);
-    const cleanup = queries.cleanup.replace(/DELETE TOP \([^)]*\) FROM/g, 'DELETE FROM');
+    const cleanup = queries.cleanup.replace(/DELETE TOP \([^)]*\) (\w+ )?FROM/g, 'DELETE $1FROM');
     expect(dmlTargets(cleanup).every((t) => !t.bounded)).toBe(true);
+    const producer = queries.enqueueOneGrouped.replace(
+      'UPDATE [sqlqueue].[Groups] WITH (READCOMMITTEDLOCK)',
+      'UPDATE [sqlqueue].[Groups] WITH (ROWLOCK)',
+    );
+    const head = dmlTargets(producer).find((t) => isProducerHeadUpdate(producer, t));
+    expect(head?.hints).toEqual(['ROWLOCK']);
   });
 });
 
@@ -348,25 +448,28 @@ describe('indexes after every migration serve the queries that need them (issue 
   });
 
   it('the claim order is the ready index key, and the retrying figures read Attempts in it', () => {
-    const ready = jobsIndex("[State] = 'ready'");
+    const ready = jobsIndex("[State] = 'ready' AND [GroupKey] IS NULL");
     expect(ready?.keys).toEqual(['Queue', 'Priority', 'RunAt', 'Id']);
     expect(covers(ready, ['Attempts'])).toBe(true);
   });
 
   it('delayed jobs wait outside the ready index, in an index the promotion reads oldest first (review P2)', () => {
-    const delayed = jobsIndex("[State] = 'delayed'");
+    const delayed = jobsIndex("[State] = 'delayed' AND [GroupKey] IS NULL");
     expect(delayed?.keys).toEqual(['Queue', 'RunAt', 'Id']);
     expect(covers(delayed, ['Attempts'])).toBe(true);
     const claim = mssqlQueries('sqlqueue').claim;
-    const promote = claim.indexOf("[State] = 'delayed' AND [RunAt] <= SYSUTCDATETIME()\n  ORDER BY [RunAt], [Id]");
+    const promote = claim.indexOf(
+      "[State] = 'delayed' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()\n  ORDER BY [RunAt], [Id]",
+    );
     const lease = claim.indexOf(
-      "[State] = 'ready' AND [RunAt] <= SYSUTCDATETIME()\n  ORDER BY [Priority] DESC, [RunAt], [Id]",
+      "[State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()\n  ORDER BY [Priority] DESC, [RunAt], [Id]",
     );
     // Promotion first, as its own statement, so the claim that follows sees the promoted rows.
     expect(promote).toBeGreaterThan(0);
     expect(lease).toBeGreaterThan(promote);
     expect(claim).toMatch(/WITH due AS \(\n {2}SELECT TOP \(@limit\) \*\n/);
-    expect(claim).toContain("UPDATE due\nSET [State] = 'ready';\nWITH candidate AS (");
+    expect(claim).toContain("UPDATE due\nSET [State] = 'ready';\nIF EXISTS (");
+    expect(claim).toMatch(/;\nWITH candidate AS \(\n {2}SELECT TOP \(@jobUnits\) \*\n/);
   });
 
   it('dead jobs: pages by queue and Id, purge by age, retention across queues by FinishedAt', () => {
@@ -400,6 +503,8 @@ describe('keyed enqueue (issue 10, C1/C2/C4/P6/S2)', () => {
   const enqueues = [
     ['enqueueOne', queries.enqueueOne],
     ['enqueueMany', queries.enqueueMany],
+    ['enqueueOneGrouped', queries.enqueueOneGrouped],
+    ['enqueueManyGrouped', queries.enqueueManyGrouped],
   ] as const;
   const guardEnd = (text: string) => text.indexOf('END;\n') + 'END;\n'.length;
 
@@ -482,11 +587,228 @@ describe('keyed enqueue (issue 10, C1/C2/C4/P6/S2)', () => {
     );
   });
 
-  it('bulk enqueue finds the first row of each key in one pass (no correlated self-check over the batch)', () => {
-    const text = queries.enqueueMany;
+  it.each([
+    ['enqueueMany', queries.enqueueMany],
+    ['enqueueManyGrouped', queries.enqueueManyGrouped],
+  ])('%s finds the first row of each key in one pass (no correlated self-check over the batch)', (_name, text) => {
     expect(text).toContain('ROW_NUMBER() OVER (PARTITION BY [Queue], [IdempotencyKey] ORDER BY [Ord]) AS [Nth]');
     expect(text.match(/FROM @jobs\b/g)).toHaveLength(4); // count, first rows, insert, answer
     expect(text).not.toMatch(/FROM @jobs AS d\b/);
     expect(text).toContain('PRIMARY KEY ([Queue], [IdempotencyKey])');
+  });
+});
+
+describe('ordered groups (issue 11)', () => {
+  const queries = mssqlQueries('sqlqueue');
+  const indexes = indexesAfterMigrations();
+  /** Whitespace collapsed and table aliases dropped: `g.[HeldToken]` and `[HeldToken]` read alike. */
+  const normal = (text: string) => text.replace(/\b\w+\.(?=\[)/g, '').replace(/\s+/g, ' ');
+  /** The conjuncts a predicate must contain for the filtered index to serve it. */
+  const conjuncts = (filter: string) => normal(filter).split(' AND ');
+  /** Each WHERE that reads `table` (with its hints), up to the end of its predicate. */
+  function readsOf(text: string, table: string): { hints: string; where: string }[] {
+    const pattern = new RegExp(
+      String.raw`FROM \[sqlqueue\]\.\[${table}\](?: AS \w+)?(?: WITH \(([^)]*)\))?\s+WHERE ([\s\S]*?)(?=\bORDER BY\b|;|\n\)|\) AS \w+|\)\s*THEN\b|$)`,
+      'g',
+    );
+    return [...text.matchAll(pattern)].map((m) => ({ hints: m[1] ?? '', where: normal(m[2]!) }));
+  }
+
+  it('version 5 leaves the group indexes the statements rely on, with their literal filters', () => {
+    expect(indexes.get('IX_Groups_Claimable')).toEqual({
+      table: 'Groups',
+      keys: ['Queue', 'HeadPriority', 'HeadReadyAt', 'HeadId'],
+      include: [],
+      filter: CLAIMABLE_GROUP,
+    });
+    expect(indexes.get('IX_Groups_Blocked')).toMatchObject({ keys: ['Queue', 'GroupKey'], filter: '[Blocked] = 1' });
+    expect(indexes.get('IX_Jobs_Group')).toMatchObject({
+      keys: ['Queue', 'GroupKey', 'Id'],
+      filter: UNFINISHED_GROUPED,
+    });
+    expect(indexes.get('IX_Jobs_Group')!.include).toEqual(
+      expect.arrayContaining(['State', 'RunAt', 'Priority', 'Attempts']),
+    );
+    expect(indexes.get('IX_Jobs_GroupHold')).toMatchObject({
+      keys: ['ClaimToken'],
+      filter: "[State] = 'leased' AND [GroupKey] IS NOT NULL",
+    });
+    // Grouped jobs leave the ungrouped claim path; the names and keys stay.
+    expect(indexes.get('IX_Jobs_Claim')).toMatchObject({ filter: "[State] = 'ready' AND [GroupKey] IS NULL" });
+    expect(indexes.get('IX_Jobs_Delayed')).toMatchObject({ filter: "[State] = 'delayed' AND [GroupKey] IS NULL" });
+    expect(indexes.get('IX_Jobs_DeadFinished')!.include).toEqual(['IdempotencyKey', 'Queue', 'GroupKey']);
+  });
+
+  it('version 5 adds GroupOnDead (default continue) and a group row for every group with unfinished jobs', () => {
+    const v5 = MSSQL_MIGRATIONS.find((m) => m.version === 5)!.batches('sqlqueue');
+    expect(v5).toContain(
+      "ALTER TABLE [sqlqueue].[QueueSettings] ADD [GroupOnDead] varchar(8) NOT NULL CONSTRAINT [DF_QueueSettings_GroupOnDead] DEFAULT ('continue');",
+    );
+    const backfill = v5.find((b) => b.startsWith('INSERT INTO [sqlqueue].[Groups]'))!;
+    // Head: the lowest unfinished job; held by the token of the lowest leased one.
+    expect(normal(backfill)).toContain('ROW_NUMBER() OVER (PARTITION BY [Queue], [GroupKey] ORDER BY [Id]) AS [Nth]');
+    expect(normal(backfill)).toContain("WHERE [GroupKey] IS NOT NULL AND [State] IN ('ready', 'delayed', 'leased')");
+    expect(normal(backfill)).toContain("[State] = 'leased' ORDER BY [Id])");
+    // The index rebuilds come before the backfill reads the new group index.
+    expect(v5.indexOf(backfill)).toBe(v5.length - 1);
+  });
+
+  it("the claim's group reads contain the claimable index's filter literally (a parameter would not match it)", () => {
+    const filter = indexes.get('IX_Groups_Claimable')!.filter;
+    for (const name of ['claim', 'hasClaimableWork'] as const) {
+      const reads = readsOf(queries[name], 'Groups');
+      expect(reads.length, name).toBe(name === 'claim' ? 3 : 1);
+      for (const read of reads) {
+        for (const c of conjuncts(filter)) expect(read.where, `${name}: ${read.where}`).toContain(c);
+        expect(['READPAST, READCOMMITTEDLOCK', 'UPDLOCK, READPAST, READCOMMITTEDLOCK']).toContain(read.hints);
+      }
+    }
+    // The check can fail: the same read with the blocked flag as a parameter.
+    const broken = queries.claim.replace(/\[Blocked\] = 0/g, '[Blocked] = @blocked');
+    expect(readsOf(broken, 'Groups').some((r) => conjuncts(filter).some((c) => !r.where.includes(c)))).toBe(true);
+  });
+
+  it('ungrouped job reads name [GroupKey] IS NULL (the claim and delayed indexes hold no grouped job)', () => {
+    for (const name of ['claim', 'hasClaimableWork', 'stats', 'queueHealth'] as const) {
+      const reads = readsOf(queries[name], 'Jobs').filter((r) => /\[State\] = '(?:ready|delayed)'/.test(r.where));
+      expect(reads.length, name).toBeGreaterThan(0);
+      for (const read of reads) expect(read.where, `${name}: ${read.where}`).toContain('[GroupKey] IS NULL');
+    }
+  });
+
+  it('per-group job reads contain the filter of the group index or of the held-token index', () => {
+    const group = conjuncts(UNFINISHED_GROUPED);
+    const hold = conjuncts(indexes.get('IX_Jobs_GroupHold')!.filter);
+    let checked = 0;
+    for (const [name, text] of Object.entries(queries)) {
+      for (const read of readsOf(text, 'Jobs').filter((r) => r.where.includes('[GroupKey] IS NOT NULL'))) {
+        checked++;
+        const served = [group, hold].some((filter) => filter.every((c) => read.where.includes(c)));
+        expect(served, `${name}: ${read.where}`).toBe(true);
+      }
+    }
+    expect(checked).toBeGreaterThan(10);
+  });
+
+  const settling = ['complete', 'fail', 'release', 'reap'] as const;
+
+  it.each(settling)(
+    '%s writes its jobs before it locks a group row, and reads jobs only dirty after (no cycle with a producer)',
+    (name) => {
+      const text = queries[name];
+      const transaction = text.slice(0, text.indexOf('COMMIT TRANSACTION;'));
+      const lock = transaction.indexOf('UPDATE g SET [UpdatedAt] = SYSUTCDATETIME()');
+      expect(lock).toBeGreaterThan(0);
+      const before = transaction.slice(0, lock);
+      const after = transaction.slice(lock);
+      expect(before).not.toContain('[sqlqueue].[Groups]');
+      const jobReads = [...after.matchAll(/\[sqlqueue\]\.\[Jobs\](?: AS \w+)?(?: WITH \(([^)]*)\))?/g)];
+      expect(jobReads.length).toBeGreaterThan(0);
+      for (const read of jobReads) expect(read[1], `${name}: ${read[0]}`).toBe('READUNCOMMITTED');
+      // The next head is read after the lock, in the statement that releases the group.
+      expect(after).toMatch(
+        /OUTER APPLY \(SELECT TOP \(1\) u\.\[Id\], u\.\[RunAt\], u\.\[Priority\] FROM \[sqlqueue\]\.\[Jobs\] AS u WITH \(READUNCOMMITTED\)/,
+      );
+    },
+  );
+
+  it.each(settling)('%s applies to a group held by its token, or held by none and not blocked', (name) => {
+    const applies = '(g.[HeldToken] = t.[Token] OR (g.[HeldToken] IS NULL AND g.[Blocked] = 0))';
+    expect(queries[name].split(applies).length - 1).toBe(3);
+    // A batch holds its group while any of its jobs is leased with the token.
+    expect(normal(queries[name])).toContain(
+      "WHERE EXISTS (SELECT 1 FROM [sqlqueue].[Jobs] AS s WITH (READUNCOMMITTED) WHERE [State] = 'leased' AND [GroupKey] IS NOT NULL AND [ClaimToken] = [Token]);",
+    );
+  });
+
+  it("fail and reap read the queue's recorded groupOnDead; a queue without one continues", () => {
+    for (const name of ['fail', 'reap'] as const) {
+      expect(queries[name]).toMatch(/LEFT JOIN \[sqlqueue\]\.\[QueueSettings\] AS q ON q\.\[Queue\] = \w\.\[Queue\]/);
+      expect(queries[name]).toContain("q.[GroupOnDead] = 'block'");
+    }
+  });
+
+  it('the claim leases a group batch only from its cached head, in one transaction, and pauses a stale group', () => {
+    const claim = queries.claim;
+    const group = claim.slice(claim.indexOf('IF @groupUnits > 0'));
+    const begin = group.indexOf('BEGIN TRANSACTION;');
+    const hold = group.indexOf('UPDATE g\n  SET [HeldToken] = NEWID()');
+    const members = group.indexOf('CROSS APPLY (\n    SELECT TOP (@groupBatchSize) j.[Id], j.[State], j.[RunAt]');
+    const lease = group.indexOf("SET [State] = 'leased', [ClaimToken] = h.[Token]");
+    const stale = group.indexOf('SET [HeldToken] = NULL, [HeadId] = n.[Id]');
+    const commit = group.indexOf('COMMIT TRANSACTION;');
+    expect([begin, hold, members, lease, stale, commit].every((at, i, all) => at > (i ? all[i - 1]! : 0))).toBe(true);
+    // Jobs are read with the claim hints (READPAST: never waits), leased with the group's token
+    // only when the first one read is the cached head and the batch stops at the first job not runnable.
+    expect(normal(group)).toContain("AND [State] IN ('ready', 'delayed', 'leased') AND [Id] >= [HeadId] ORDER BY [Id]");
+    expect(normal(group)).toContain('WHERE [GroupKey] = [GroupKey] AND [Seq] = 1 AND [Id] = [HeadId]');
+    expect(normal(group)).toContain('AND [Seq] <= [Seq] AND [Runnable] = 0');
+    expect(group).toContain('DATEADD(millisecond, 200, SYSUTCDATETIME())');
+    // Units come back together, a batch in id order.
+    expect(claim).toContain('ORDER BY [UnitPriority] DESC, [UnitAt], [UnitId], [Id];');
+  });
+
+  const producers = ['enqueueOneGrouped', 'enqueueManyGrouped', 'retryDead', 'retryAllDead'] as const;
+
+  it.each(producers)(
+    '%s reads and moves group rows with locking reads, and creates one only under the group lock',
+    (name) => {
+      const text = queries[name];
+      const groupRefs = [...text.matchAll(/\[sqlqueue\]\.\[Groups\](?: AS (\w+))?(?: WITH \(([^)]*)\))?/g)];
+      for (const ref of groupRefs) {
+        expect(ref[2], `${name}: ${ref[0]}`).toBeDefined();
+        expect(ref[2]).not.toMatch(/HOLDLOCK|SERIALIZABLE|REPEATABLEREAD|UPDLOCK|READPAST|NOLOCK|READUNCOMMITTED/);
+      }
+      const lock = text.indexOf("N'nestjs-sql-queue:group:'");
+      const recheck = text.indexOf('WITH (READCOMMITTEDLOCK)', lock);
+      const create = text.indexOf('INSERT INTO [sqlqueue].[Groups] WITH (ROWLOCK)');
+      expect(lock).toBeGreaterThan(0);
+      expect(lock < recheck && recheck < create).toBe(true);
+      expect(text).toContain('nestjs-sql-queue: group lock not granted');
+    },
+  );
+
+  it('no statement takes a range lock on group rows (claimers would skip neighbouring groups)', () => {
+    for (const [name, text] of Object.entries(queries)) {
+      for (const m of text.matchAll(/\[sqlqueue\]\.\[Groups\](?: AS \w+)? WITH \(([^)]*)\)/g)) {
+        expect(m[1], name).not.toMatch(/HOLDLOCK|SERIALIZABLE|REPEATABLEREAD/);
+      }
+    }
+  });
+
+  it('statements without a group key keep the exact text and cost they had before issue 11', () => {
+    const sha = (text: string) => createHash('sha256').update(text).digest('hex');
+    expect(sha(queries.enqueueOne)).toBe('82ff69c54a2f0abe650b48d6fe030a4f357c1eb998b99b43c27ea29342f0726b');
+    expect(sha(queries.enqueueMany)).toBe('a2f2200d1cf3366fb13123891d1b4d5b764787cd35f2bfb8e933dd29d9e74025');
+  });
+
+  it('cleanup never deletes the dead job that blocks its group', () => {
+    expect(normal(queries.cleanup)).toContain(
+      'AND ([GroupKey] IS NULL OR NOT EXISTS ( SELECT 1 FROM [sqlqueue].[Groups] AS g WHERE [Blocked] = 1 AND [Queue] = [Queue] AND [GroupKey] = [GroupKey] AND [HeadId] = [Id]))',
+    );
+  });
+
+  it('the repair sweep fixes a row only if unchanged since it was found and not in use, and never waits for a producer', () => {
+    const repair = queries.repairGroup;
+    expect(repair).toContain(
+      'FROM [sqlqueue].[Groups] WITH (UPDLOCK, READPAST, READCOMMITTEDLOCK)\n    WHERE [Queue] = @queue AND [GroupKey] = @groupKey AND CAST([RowVersion] AS bigint) = @version;',
+    );
+    expect(repair).toContain("@LockOwner = 'Transaction', @LockTimeout = 0;");
+    expect(repair).toContain('IF @lock >= 0 AND NOT EXISTS');
+    const find = queries.findGroupProblems;
+    expect(find).not.toMatch(/UPDLOCK|BEGIN TRANSACTION/);
+    for (const read of readsOf(find, 'Groups'))
+      expect(read.hints).toMatch(/READPAST, READCOMMITTEDLOCK|READUNCOMMITTED/);
+  });
+
+  it('every statement name the store may send exists', () => {
+    const names: (keyof MssqlQueries)[] = [
+      'enqueueOneGrouped',
+      'enqueueManyGrouped',
+      'listBlockedGroups',
+      'findGroupProblems',
+      'repairGroup',
+    ];
+    for (const name of names) expect(queries[name]).toMatch(/\S/);
   });
 });

@@ -219,6 +219,67 @@ export const MSSQL_MIGRATIONS: readonly MssqlMigration[] = [
       ];
     },
   },
+  {
+    version: 5,
+    description: 'ordered groups',
+    // Issue 11, design (b): one row per active group holds its lease (HeldToken, the claim token
+    // of its leased head or batch) and caches its head, the lowest unfinished job. Claims read
+    // and lock group rows only (IX_Groups_Claimable), never other groups' jobs; a grouped job is
+    // claimed only as its group's head, so it leaves the ungrouped claim and delayed indexes.
+    // RowVersion lets the repair sweep tell a row that changed since it was checked. Groups has
+    // no foreign key: READPAST updates "may block when reading foreign keys"
+    // (https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table). The filtered
+    // indexes are re-keyed with DROP_EXISTING ("To modify the filtered index expression, use
+    // CREATE INDEX WITH DROP_EXISTING", Create filtered indexes), offline like version 3.
+    batches: (schema) => {
+      const s = quoteMssqlIdentifier(schema);
+      return [
+        `CREATE TABLE ${s}.[Groups] (
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [HeadId] bigint NULL,
+  [HeadReadyAt] datetime2(3) NULL,
+  [HeadPriority] int NULL,
+  [HeldToken] uniqueidentifier NULL,
+  [Blocked] bit NOT NULL CONSTRAINT [DF_Groups_Blocked] DEFAULT (0),
+  [UpdatedAt] datetime2(3) NOT NULL CONSTRAINT [DF_Groups_UpdatedAt] DEFAULT (SYSUTCDATETIME()),
+  [RowVersion] rowversion NOT NULL,
+  CONSTRAINT [PK_Groups] PRIMARY KEY CLUSTERED ([Queue], [GroupKey])
+);`,
+        // As Jobs: a table lock is the one lock READPAST cannot skip.
+        `ALTER TABLE ${s}.[Groups] SET (LOCK_ESCALATION = DISABLE);`,
+        // The claim's order over claimable groups; the claim names this predicate literally.
+        `CREATE NONCLUSTERED INDEX [IX_Groups_Claimable] ON ${s}.[Groups] ([Queue], [HeadPriority] DESC, [HeadReadyAt], [HeadId]) WHERE [HeldToken] IS NULL AND [HeadId] IS NOT NULL AND [Blocked] = 0;`,
+        // stats, queueHealth, listBlockedGroups and retention's check of a dead job.
+        `CREATE NONCLUSTERED INDEX [IX_Groups_Blocked] ON ${s}.[Groups] ([Queue], [GroupKey]) INCLUDE ([HeadId]) WHERE [Blocked] = 1;`,
+        `ALTER TABLE ${s}.[QueueSettings] ADD [GroupOnDead] varchar(8) NOT NULL CONSTRAINT [DF_QueueSettings_GroupOnDead] DEFAULT ('continue');`,
+        `ALTER TABLE ${s}.[QueueSettings] ADD CONSTRAINT [CK_QueueSettings_GroupOnDead] CHECK ([GroupOnDead] IN ('continue', 'block'));`,
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_Claim] ON ${s}.[Jobs] ([Queue], [Priority] DESC, [RunAt], [Id]) INCLUDE ([Attempts]) WHERE [State] = 'ready' AND [GroupKey] IS NULL WITH (DROP_EXISTING = ON);`,
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_Delayed] ON ${s}.[Jobs] ([Queue], [RunAt], [Id]) INCLUDE ([Attempts]) WHERE [State] = 'delayed' AND [GroupKey] IS NULL WITH (DROP_EXISTING = ON);`,
+        // Dead retention keeps the dead job that blocks its group: the check reads these.
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_DeadFinished] ON ${s}.[Jobs] ([FinishedAt]) INCLUDE ([IdempotencyKey], [Queue], [GroupKey]) WHERE [State] = 'dead' WITH (DROP_EXISTING = ON);`,
+        // Every per-group lookup: a group's head and batch, its lowest unfinished job, the
+        // grouped figures of stats and queueHealth, the repair sweep's walk over groups.
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_Group] ON ${s}.[Jobs] ([Queue], [GroupKey], [Id]) INCLUDE ([State], [RunAt], [Priority], [Attempts]) WHERE [GroupKey] IS NOT NULL AND [State] IN ('ready', 'delayed', 'leased');`,
+        // "Is a job of this group batch still leased?" after each completion, and the batch a
+        // reaped job drags along: a seek on the token, whatever the depth of the group.
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_GroupHold] ON ${s}.[Jobs] ([ClaimToken]) WHERE [State] = 'leased' AND [GroupKey] IS NOT NULL;`,
+        // A row for every group with unfinished jobs (a version before this one ignored group
+        // keys): the head is the lowest unfinished job, and the group is held by the token of
+        // its lowest leased job, so a job running now keeps its group until it finishes.
+        `INSERT INTO ${s}.[Groups] ([Queue], [GroupKey], [HeadId], [HeadReadyAt], [HeadPriority], [HeldToken])
+SELECT h.[Queue], h.[GroupKey], h.[Id], h.[RunAt], h.[Priority],
+       (SELECT TOP (1) l.[ClaimToken] FROM ${s}.[Jobs] AS l
+        WHERE l.[Queue] = h.[Queue] AND l.[GroupKey] = h.[GroupKey] AND l.[State] = 'leased'
+        ORDER BY l.[Id])
+FROM (SELECT j.[Queue], j.[GroupKey], j.[Id], j.[RunAt], j.[Priority],
+             ROW_NUMBER() OVER (PARTITION BY j.[Queue], j.[GroupKey] ORDER BY j.[Id]) AS [Nth]
+      FROM ${s}.[Jobs] AS j
+      WHERE j.[GroupKey] IS NOT NULL AND j.[State] IN ('ready', 'delayed', 'leased')) AS h
+WHERE h.[Nth] = 1;`,
+      ];
+    },
+  },
 ];
 
 export const MSSQL_LATEST_VERSION = MSSQL_MIGRATIONS[MSSQL_MIGRATIONS.length - 1]!.version;

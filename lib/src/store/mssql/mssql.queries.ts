@@ -14,6 +14,9 @@ import { quoteMssqlIdentifier } from './mssql.identifiers.js';
 export interface MssqlQueries {
   enqueueOne: string;
   enqueueMany: string;
+  /** enqueueOne and enqueueMany when a job has a group key (the ungrouped ones stay as they were). */
+  enqueueOneGrouped: string;
+  enqueueManyGrouped: string;
   recordQueueSetting: string;
   claim: string;
   heartbeat: string;
@@ -21,6 +24,9 @@ export interface MssqlQueries {
   fail: string;
   release: string;
   reap: string;
+  listBlockedGroups: string;
+  findGroupProblems: string;
+  repairGroup: string;
   hasClaimableWork: string;
   stats: string;
   getJob: string;
@@ -203,13 +209,24 @@ function keyLockResource(schema: string, queue: string, key: string): string {
  * XACT_ABORT on: "The THROW statement honors SET XACT_ABORT",
  * https://learn.microsoft.com/sql/t-sql/statements/set-xact-abort-transact-sql).
  */
-function takeKeyLock(indent: string): string {
+function takeKeyLock(indent: string, what = 'idempotency key'): string {
   return `${indent}EXEC @lock = sys.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction';
 ${indent}IF @lock < 0
 ${indent}BEGIN
-${indent}  SET @refused = CONCAT(N'nestjs-sql-queue: idempotency key lock not granted (sp_getapplock returned ', @lock, N')');
+${indent}  SET @refused = CONCAT(N'nestjs-sql-queue: ${what} lock not granted (sp_getapplock returned ', @lock, N')');
 ${indent}  THROW ${MSSQL_KEY_LOCK_REFUSED}, @refused, 1;
 ${indent}END;`;
+}
+
+/**
+ * The application-lock resource of one ordered group, as keyLockResource with its own prefix.
+ * Every session that inserts a group row holds it first (producers, retryDead, the repair
+ * sweep), so two of them never race to create one row: the loser of such a race would get
+ * error 2627, which dooms the transaction it runs in (XACT_ABORT, or the caller's), so it could
+ * not be retried inside the statement. Producers of groups whose row exists never take it.
+ */
+function groupLockResource(schema: string, queue: string, key: string): string {
+  return `N'nestjs-sql-queue:group:' + CONVERT(nvarchar(64), HASHBYTES('SHA2_256', CONCAT(N'${schema.toLowerCase()}/', ${queue}, N'/', ${key})), 2)`;
 }
 
 /**
@@ -242,12 +259,209 @@ BEGIN CATCH
 END CATCH;`;
 }
 
+/** enqueueManyGrouped's record of the rows it inserted, for the groups they join. */
+const INSERTED_GROUPED = `DECLARE @inserted TABLE (
+  [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL, [RunAt] datetime2(3) NOT NULL, [Priority] int NOT NULL);
+`;
+
+/** Declarations for activateGroups: its input (@heads, one row per group) and its lock list. */
+const GROUP_HEADS = `DECLARE @heads TABLE (
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [Id] bigint NOT NULL, [RunAt] datetime2(3) NOT NULL, [Priority] int NOT NULL, [Found] bit NOT NULL DEFAULT (0),
+  PRIMARY KEY ([Queue], [GroupKey]));
+DECLARE @groupLocks TABLE ([Seq] int NOT NULL PRIMARY KEY, [Resource] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL);
+DECLARE @groupSeq int = 1, @groupLockCount int;
+`;
+
+/**
+ * A producer's side of the idle → active edge (research A.2, "SQL Server"), in the transaction
+ * that inserted the jobs and after the insert: @heads holds, per group, the lowest new job.
+ * - A group with no row gets one headed by that job, under the group's application lock
+ *   (groupLockResource), taken in resource order like the key locks.
+ * - An existing row is headed by the job when the group is idle (no head, not held, not
+ *   blocked) or headed by a later job (an earlier-numbered job committing late). A held group is
+ *   left alone: its holder moves the head when it releases it, and sees this job then (its read
+ *   of the next head is a dirty one, which sees uncommitted jobs), because it locks the row
+ *   before that read and this statement reads the row after the insert.
+ * Every read of Groups here is a locking read (READCOMMITTEDLOCK): it waits for a transition
+ * that is emptying the group right now and reads what that committed. Under
+ * READ_COMMITTED_SNAPSHOT a plain read would see the version before, and with optimized
+ * locking an UPDATE qualifies rows on their last committed version without waiting; "to force
+ * blocking between two queries when optimized locking is enabled, use the READCOMMITTEDLOCK
+ * query hint" (https://learn.microsoft.com/sql/relational-databases/performance/optimized-locking).
+ * Once a job is in, no transition deletes its group's row (each deletes only when its dirty
+ * read finds no unfinished job), so what the existence check found stays.
+ */
+function activateGroups(schema: string, groups: string): string {
+  const headOf = `  UPDATE g
+  SET [HeadId] = h.[Id], [HeadReadyAt] = h.[RunAt], [HeadPriority] = h.[Priority], [UpdatedAt] = SYSUTCDATETIME()
+  FROM ${groups} AS g WITH (READCOMMITTEDLOCK)
+  INNER JOIN @heads AS h ON g.[Queue] = h.[Queue] AND g.[GroupKey] = h.[GroupKey]
+  WHERE g.[HeldToken] IS NULL AND g.[Blocked] = 0 AND (g.[HeadId] IS NULL OR g.[HeadId] > h.[Id]);`;
+  const found = (indent: string, extra: string) => `${indent}UPDATE h SET [Found] = 1
+${indent}FROM @heads AS h
+${indent}WHERE ${extra}EXISTS (SELECT 1 FROM ${groups} AS g WITH (READCOMMITTEDLOCK) WHERE g.[Queue] = h.[Queue] AND g.[GroupKey] = h.[GroupKey]);`;
+  return `${found('  ', '')}
+  IF EXISTS (SELECT 1 FROM @heads WHERE [Found] = 0)
+  BEGIN
+    INSERT INTO @groupLocks ([Seq], [Resource])
+    SELECT ROW_NUMBER() OVER (ORDER BY r.[Resource]), r.[Resource]
+    FROM (SELECT DISTINCT ${groupLockResource(schema, 'h.[Queue]', 'h.[GroupKey]')} AS [Resource]
+          FROM @heads AS h WHERE h.[Found] = 0) AS r;
+    SET @groupLockCount = @@ROWCOUNT;
+    WHILE @groupSeq <= @groupLockCount
+    BEGIN
+      SET @resource = (SELECT [Resource] FROM @groupLocks WHERE [Seq] = @groupSeq);
+${takeKeyLock('      ', 'group')}
+      SET @groupSeq = @groupSeq + 1;
+    END;
+    -- Under the locks: a row another producer created meanwhile is found, the others created.
+${found('    ', 'h.[Found] = 0 AND ')}
+    INSERT INTO ${groups} WITH (ROWLOCK) ([Queue], [GroupKey], [HeadId], [HeadReadyAt], [HeadPriority])
+    SELECT [Queue], [GroupKey], [Id], [RunAt], [Priority] FROM @heads WHERE [Found] = 0;
+  END;
+${headOf}`;
+}
+
+/**
+ * The filter of IX_Groups_Claimable, literally: a filtered index serves a query whose predicate
+ * contains its filter (https://learn.microsoft.com/sql/relational-databases/indexes/create-filtered-indexes).
+ */
+export const CLAIMABLE_GROUP = '[HeldToken] IS NULL AND [HeadId] IS NOT NULL AND [Blocked] = 0';
+
+/**
+ * How long a claim leaves a group alone when its cached head could not be leased (not
+ * committed yet, rolled back, or not the group's first job any more): the head is recomputed at
+ * once, and the pause keeps claimers from spinning on a producer's open transaction.
+ */
+const STALE_HEAD_PAUSE_MS = 200;
+
+/** The filter of IX_Jobs_Group, literally (see CLAIMABLE_GROUP): a group's unfinished jobs. */
+export const UNFINISHED_GROUPED = "[GroupKey] IS NOT NULL AND [State] IN ('ready', 'delayed', 'leased')";
+
+/** retryDead's record of the jobs it made ready again, and activateGroups' declarations. */
+const RETRIED = `DECLARE @retried TABLE (
+  [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL, [RunAt] datetime2(3) NOT NULL, [Priority] int NOT NULL);
+DECLARE @resource nvarchar(255), @lock int, @refused nvarchar(2048);
+${GROUP_HEADS}`;
+
+/**
+ * What is wrong with a group row, by its jobs (the repair sweep's oracle, design (a)): a held
+ * group needs a job leased with its token; a blocked one a dead job of the group as its head;
+ * any other must be headed by its lowest unfinished job, and a row with none is not needed.
+ * `row`: the alias of a row with HeadId, HeldToken, Blocked, Queue and GroupKey, or null for
+ * the variables @headId, @held, @blocked, @queue, @groupKey; `first`: the lowest unfinished id.
+ */
+function groupProblem(jobs: string, row: string | null, first: string): string {
+  const c = (column: string, variable: string) => (row ? `${row}.[${column}]` : variable);
+  const [queue, key, head, held, blocked] = [
+    c('Queue', '@queue'),
+    c('GroupKey', '@groupKey'),
+    c('HeadId', '@headId'),
+    c('HeldToken', '@held'),
+    c('Blocked', '@blocked'),
+  ];
+  return `CASE
+  WHEN ${held} IS NOT NULL AND NOT EXISTS (
+    SELECT 1 FROM ${jobs} AS l WITH (READUNCOMMITTED)
+    WHERE l.[State] = 'leased' AND l.[GroupKey] IS NOT NULL AND l.[ClaimToken] = ${held}
+      AND l.[Queue] = ${queue} AND l.[GroupKey] = ${key})
+    THEN CONCAT(N'held by token ', LOWER(CAST(${held} AS char(36))), N', which no leased job of the group has')
+  WHEN ${blocked} = 1 AND NOT EXISTS (
+    SELECT 1 FROM ${jobs} AS d WITH (READUNCOMMITTED)
+    WHERE d.[Id] = ${head} AND d.[Queue] = ${queue} AND d.[GroupKey] = ${key} AND d.[State] = 'dead')
+    THEN CONCAT(N'blocked by job ', COALESCE(CAST(${head} AS nvarchar(20)), N'none'), N', which is not a dead job of the group')
+  WHEN ${held} IS NULL AND ${blocked} = 0 AND ${head} IS NULL AND ${first} IS NULL
+    THEN N'no unfinished job, but a row'
+  WHEN ${held} IS NULL AND ${blocked} = 0 AND (${head} IS NULL OR ${first} IS NULL OR ${head} <> ${first})
+    THEN CONCAT(N'head ', COALESCE(CAST(${head} AS nvarchar(20)), N'none'), N' is not the first unfinished job ',
+                COALESCE(CAST(${first} AS nvarchar(20)), N'(none)'))
+  END`;
+}
+
+/** BlockId of settleGroups: the lowest job of the group that died, if its queue's groups stop on one (q: QueueSettings). */
+function blockingJob(alias: string): string {
+  return `MIN(CASE WHEN ${alias}.[State] = 'dead' AND q.[GroupOnDead] = 'block' THEN ${alias}.[Id] END)`;
+}
+
+/** Declarations for settleGroups: the groups a transition touched, by the token its jobs held. */
+const TOUCHED_GROUPS = `DECLARE @touched TABLE (
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [Token] uniqueidentifier NOT NULL, [BlockId] bigint NULL,
+  PRIMARY KEY ([Queue], [GroupKey], [Token]));
+`;
+
+/** The lowest unfinished job of group `alias` (a dirty read: it sees a producer's uncommitted job). */
+function firstUnfinished(
+  jobs: string,
+  queue: string,
+  key: string,
+  columns = 'u.[Id], u.[RunAt], u.[Priority]',
+): string {
+  return `(SELECT TOP (1) ${columns} FROM ${jobs} AS u WITH (READUNCOMMITTED)
+     WHERE u.[Queue] = ${queue} AND u.[GroupKey] = ${key} AND u.[GroupKey] IS NOT NULL
+       AND u.[State] IN ('ready', 'delayed', 'leased')
+     ORDER BY u.[Id])`;
+}
+
+/**
+ * The group side of complete, fail, release and reap, after their job changes and in their
+ * transaction: @touched lists (queue, group, token) of the grouped jobs moved, and BlockId, the
+ * lowest of them that died in a queue whose groups stop on a dead job. A transition applies to
+ * a group held by its token, or held by none and not blocked (a late transition after the
+ * reaper let the group go); a group another token holds is left alone.
+ * 1. The rows are locked first, then the jobs are read: a producer that inserted a job into the
+ *    group before this lock is seen by the dirty reads below, and one that inserts after it
+ *    waits for this commit in its own update of the row (activateGroups), so the job is never
+ *    missed by both. Every job write of the transition came before this lock, and every job
+ *    read after it is a dirty one (it never waits), so a transition never holds a group row
+ *    while waiting for a job row: no cycle with a producer that holds its new job and waits for
+ *    the group row.
+ * 2. A group batch holds the group while any of its jobs is still leased with the token.
+ * 3. A job that died under 'block' becomes the head of its group, which stops.
+ * 4. Else the group is released, headed by its lowest unfinished job (a job retried after a
+ *    failure is its own group's head again, with its new run time).
+ * 5. A group left without a head is deleted; a producer adding a job creates it again.
+ */
+function settleGroups(jobs: string, groups: string, indent = '    '): string {
+  const applies = `(g.[HeldToken] = t.[Token] OR (g.[HeldToken] IS NULL AND g.[Blocked] = 0))`;
+  const join = `INNER JOIN @touched AS t ON g.[Queue] = t.[Queue] AND g.[GroupKey] = t.[GroupKey]`;
+  return `${indent}UPDATE g SET [UpdatedAt] = SYSUTCDATETIME()
+${indent}FROM ${groups} AS g WITH (ROWLOCK)
+${indent}${join}
+${indent}WHERE ${applies};
+${indent}DELETE t FROM @touched AS t
+${indent}WHERE EXISTS (SELECT 1 FROM ${jobs} AS s WITH (READUNCOMMITTED)
+${indent}              WHERE s.[State] = 'leased' AND s.[GroupKey] IS NOT NULL AND s.[ClaimToken] = t.[Token]);
+${indent}UPDATE g
+${indent}SET [HeldToken] = NULL, [Blocked] = 1, [HeadId] = t.[BlockId], [HeadReadyAt] = NULL, [HeadPriority] = NULL,
+${indent}    [UpdatedAt] = SYSUTCDATETIME()
+${indent}FROM ${groups} AS g WITH (ROWLOCK)
+${indent}${join}
+${indent}WHERE t.[BlockId] IS NOT NULL AND ${applies};
+${indent}UPDATE g
+${indent}SET [HeldToken] = NULL, [HeadId] = n.[Id], [HeadReadyAt] = n.[RunAt], [HeadPriority] = n.[Priority],
+${indent}    [UpdatedAt] = SYSUTCDATETIME()
+${indent}FROM ${groups} AS g WITH (ROWLOCK)
+${indent}${join}
+${indent}OUTER APPLY ${firstUnfinished(jobs, 'g.[Queue]', 'g.[GroupKey]')} AS n
+${indent}WHERE t.[BlockId] IS NULL AND ${applies};
+${indent}DELETE g FROM ${groups} AS g WITH (ROWLOCK)
+${indent}${join}
+${indent}WHERE g.[HeadId] IS NULL AND g.[HeldToken] IS NULL AND g.[Blocked] = 0;`;
+}
+
 export function mssqlQueries(schema: string): MssqlQueries {
   const s = quoteMssqlIdentifier(schema);
   const jobs = `${s}.[Jobs]`;
   const attempts = `${s}.[Attempts]`;
   const sequence = `${s}.[JobIdSequence]`;
   const settings = `${s}.[QueueSettings]`;
+  const groups = `${s}.[Groups]`;
 
   // A job whose RunAt is later than the statement's time waits as 'delayed', outside the ready
   // index the claim reads; the claim promotes it once due (see claim).
@@ -255,16 +469,40 @@ export function mssqlQueries(schema: string): MssqlQueries {
   const manyRunAt = `COALESCE(i.[RunAt], ${shiftedNow('i.[DelayMs]', 1)})`;
   const stateFor = (runAt: string) => `CASE WHEN ${runAt} > SYSUTCDATETIME() THEN 'delayed' ELSE 'ready' END`;
 
-  return {
-    // @queue, @payload, @priority, @runAt (null: now + @delayMs), @delayMs bigint, @groupKey,
-    // @idempotencyKey, @maxAttempts (null: the queue's recorded setting), @defaultMaxAttempts,
-    // @inTransaction (1: the caller's open transaction; see ENQUEUE_SESSION and keyedWork).
-    // The setting is read into a variable first: COALESCE((subquery), …) runs the subquery twice.
-    // With a key: the key's lock, then the existence check; the job's id is the existing one or
-    // the reserved one, and nothing is read again after the insert.
-    enqueueOne: `${ENQUEUE_SESSION}DECLARE @id bigint, @created bit = 1, @lock int, @refused nvarchar(2048);
+  // Ordered groups: the new job joins its group (activateGroups, for one job): an existing row
+  // is read (locking read) and headed by the job if idle or headed by a later one; a missing row
+  // is created under the group's lock.
+  const joinGroupOne = `    IF @groupKey IS NOT NULL
+    BEGIN
+      SELECT @headAt = [RunAt] FROM ${jobs} WHERE [Id] = @firstId;
+      IF NOT EXISTS (SELECT 1 FROM ${groups} WITH (READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [GroupKey] = @groupKey)
+      BEGIN
+        SET @resource = ${groupLockResource(schema, '@queue', '@groupKey')};
+${takeKeyLock('        ', 'group')}
+        IF NOT EXISTS (SELECT 1 FROM ${groups} WITH (READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [GroupKey] = @groupKey)
+          INSERT INTO ${groups} WITH (ROWLOCK) ([Queue], [GroupKey], [HeadId], [HeadReadyAt], [HeadPriority])
+          VALUES (@queue, @groupKey, @firstId, @headAt, @priority);
+      END;
+      UPDATE ${groups} WITH (READCOMMITTEDLOCK)
+      SET [HeadId] = @firstId, [HeadReadyAt] = @headAt, [HeadPriority] = @priority, [UpdatedAt] = SYSUTCDATETIME()
+      WHERE [Queue] = @queue AND [GroupKey] = @groupKey AND [HeldToken] IS NULL AND [Blocked] = 0
+        AND ([HeadId] IS NULL OR [HeadId] > @firstId);
+    END;
+`;
+  // The inserted jobs (not the ones an idempotency key found): each group's lowest.
+  const joinGroupsMany = `
+  INSERT INTO @heads ([Queue], [GroupKey], [Id], [RunAt], [Priority])
+  SELECT f.[Queue], f.[GroupKey], f.[Id], f.[RunAt], f.[Priority]
+  FROM (SELECT n.[Queue], n.[GroupKey], n.[Id], n.[RunAt], n.[Priority],
+               ROW_NUMBER() OVER (PARTITION BY n.[Queue], n.[GroupKey] ORDER BY n.[Id]) AS [Nth]
+        FROM @inserted AS n WHERE n.[GroupKey] IS NOT NULL) AS f
+  WHERE f.[Nth] = 1;
+${activateGroups(schema, groups)}`;
+  const enqueueOne = (
+    grouped: boolean,
+  ) => `${ENQUEUE_SESSION}DECLARE @id bigint, @created bit = 1, @lock int, @refused nvarchar(2048);
 ${reserveIds('1', sequence)}
-DECLARE @jobMaxAttempts int = @maxAttempts, @resource nvarchar(255);
+${grouped ? 'DECLARE @headAt datetime2(3);\n' : ''}DECLARE @jobMaxAttempts int = @maxAttempts, @resource nvarchar(255);
 IF @jobMaxAttempts IS NULL
   SET @jobMaxAttempts = COALESCE((SELECT [MaxAttempts] FROM ${settings} WHERE [Queue] = @queue), @defaultMaxAttempts);
 ${keyedWork(`  IF @idempotencyKey IS NOT NULL
@@ -280,23 +518,11 @@ ${takeKeyLock('    ')}
     SET @id = @firstId;
     INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
     VALUES (@firstId, @queue, ${stateFor(oneRunAt)}, @payload, @priority, ${oneRunAt}, @groupKey, @idempotencyKey, @jobMaxAttempts);
-  END;`)}
-SELECT CAST(@id AS varchar(20)) AS [Id], @created AS [Created];`,
-
-    // ROWLOCK on both enqueue statements: READPAST skips locked rows but not locked pages, so
-    // a large insert in a caller's long transaction must not take page locks that claims and
-    // monitoring reads would then wait on (lock escalation is already off for the table).
-    // @jobs JobInputListV2 with Ord = 0..n-1, @inTransaction. A range of ids is reserved first, so
-    // every input row knows its id (first + Ord) whether or not it is inserted, and results come
-    // back in input order. The first row of a key within the batch is the one inserted; later
-    // ones get its id. First rows are found in one pass (ROW_NUMBER over the key: the table type
-    // has no index on the key and SQL Server keeps no statistics on a TVP, so a correlated
-    // "no earlier row" check could run once per row against every row). @keys is keyed by
-    // (Queue, IdempotencyKey) so the joins below seek it. Key locks are taken one per distinct
-    // resource, in resource order (@locks), the same order in every producer.
-    // A row without its own MaxAttempts takes its queue's recorded setting, else its default.
-    enqueueMany: `${ENQUEUE_SESSION}DECLARE @inserted TABLE ([Id] bigint NOT NULL PRIMARY KEY);
-DECLARE @keys TABLE (
+${grouped ? joinGroupOne : ''}  END;`)}
+SELECT CAST(@id AS varchar(20)) AS [Id], @created AS [Created];`;
+  const enqueueMany = (
+    grouped: boolean,
+  ) => `${ENQUEUE_SESSION}${grouped ? INSERTED_GROUPED : 'DECLARE @inserted TABLE ([Id] bigint NOT NULL PRIMARY KEY);\n'}DECLARE @keys TABLE (
   [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
   [IdempotencyKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL,
   [Ord] int NOT NULL, [ExistingId] bigint NULL,
@@ -305,7 +531,7 @@ DECLARE @locks TABLE ([Seq] int NOT NULL PRIMARY KEY, [Resource] nvarchar(255) C
 DECLARE @count bigint = (SELECT COUNT_BIG(*) FROM @jobs);
 ${reserveIds('@count', sequence)}
 DECLARE @resource nvarchar(255), @lock int, @refused nvarchar(2048), @seq int = 1, @lockCount int;
-INSERT INTO @keys ([Queue], [IdempotencyKey], [Ord])
+${grouped ? GROUP_HEADS : ''}INSERT INTO @keys ([Queue], [IdempotencyKey], [Ord])
 SELECT f.[Queue], f.[IdempotencyKey], f.[Ord]
 FROM (SELECT [Queue], [IdempotencyKey], [Ord],
              ROW_NUMBER() OVER (PARTITION BY [Queue], [IdempotencyKey] ORDER BY [Ord]) AS [Nth]
@@ -327,14 +553,14 @@ ${takeKeyLock('    ')}
                         AND j.[IdempotencyKey] IS NOT NULL)
   FROM @keys AS k;
   INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
-  OUTPUT inserted.[Id] INTO @inserted ([Id])
+  OUTPUT ${grouped ? 'inserted.[Id], inserted.[Queue], inserted.[GroupKey], inserted.[RunAt], inserted.[Priority] INTO @inserted ([Id], [Queue], [GroupKey], [RunAt], [Priority])' : 'inserted.[Id] INTO @inserted ([Id])'}
   SELECT @firstId + i.[Ord], i.[Queue], ${stateFor(manyRunAt)}, i.[Payload], i.[Priority],
          ${manyRunAt},
          i.[GroupKey], i.[IdempotencyKey], COALESCE(i.[MaxAttempts], q.[MaxAttempts], i.[DefaultMaxAttempts])
   FROM @jobs AS i
   LEFT JOIN @keys AS k ON k.[Queue] = i.[Queue] AND k.[IdempotencyKey] = i.[IdempotencyKey]
   LEFT JOIN ${settings} AS q ON q.[Queue] = i.[Queue]
-  WHERE i.[IdempotencyKey] IS NULL OR (k.[Ord] = i.[Ord] AND k.[ExistingId] IS NULL);`)}
+  WHERE i.[IdempotencyKey] IS NULL OR (k.[Ord] = i.[Ord] AND k.[ExistingId] IS NULL);${grouped ? joinGroupsMany : ''}`)}
 SELECT i.[Ord],
        CAST(CASE WHEN n.[Id] IS NOT NULL THEN n.[Id] WHEN k.[ExistingId] IS NOT NULL THEN k.[ExistingId]
                  ELSE @firstId + k.[Ord] END AS varchar(20)) AS [Id],
@@ -342,45 +568,200 @@ SELECT i.[Ord],
 FROM @jobs AS i
 LEFT JOIN @inserted AS n ON n.[Id] = @firstId + i.[Ord]
 LEFT JOIN @keys AS k ON k.[Queue] = i.[Queue] AND k.[IdempotencyKey] = i.[IdempotencyKey]
-ORDER BY i.[Ord];`,
+ORDER BY i.[Ord];`;
 
-    // @queue, @maxAttempts: insert or update one queue's setting. The UPDATE's UPDLOCK + HOLDLOCK
-    // hold the key (or, when it is missing, its range) until commit, so two processes recording
-    // the same new queue at once serialize: the second updates the row the first inserted
-    // instead of failing on the primary key.
+  // retryDead's group side, after the jobs are ready again (@retried), in its transaction. A
+  // blocked group whose blocking job is retried is released, headed by the group's lowest
+  // retried job; any other retried job joins its group as a new one would (activateGroups).
+  const retryGroups = `  IF EXISTS (SELECT 1 FROM @retried WHERE [GroupKey] IS NOT NULL)
+  BEGIN
+    INSERT INTO @heads ([Queue], [GroupKey], [Id], [RunAt], [Priority])
+    SELECT f.[Queue], f.[GroupKey], f.[Id], f.[RunAt], f.[Priority]
+    FROM (SELECT r.[Queue], r.[GroupKey], r.[Id], r.[RunAt], r.[Priority],
+                 ROW_NUMBER() OVER (PARTITION BY r.[Queue], r.[GroupKey] ORDER BY r.[Id]) AS [Nth]
+          FROM @retried AS r WHERE r.[GroupKey] IS NOT NULL) AS f
+    WHERE f.[Nth] = 1;
+    UPDATE g
+    SET [Blocked] = 0, [HeadId] = h.[Id], [HeadReadyAt] = h.[RunAt], [HeadPriority] = h.[Priority],
+        [UpdatedAt] = SYSUTCDATETIME()
+    FROM ${groups} AS g WITH (ROWLOCK)
+    INNER JOIN @heads AS h ON g.[Queue] = h.[Queue] AND g.[GroupKey] = h.[GroupKey]
+    WHERE g.[Blocked] = 1 AND g.[HeldToken] IS NULL
+      AND EXISTS (SELECT 1 FROM @retried AS r WHERE r.[Queue] = g.[Queue] AND r.[GroupKey] = g.[GroupKey] AND r.[Id] = g.[HeadId]);
+${activateGroups(schema, groups)}
+  END;`;
+
+  // The group side of a claim (@groupUnits groups), in one short transaction:
+  // 1. The best claimable groups are held: their rows are locked and skipped like the seed's
+  //    ready rows (CLAIM_HINTS on Groups) and updated in place with a fresh token each. The group
+  //    row is the only thing READPAST can skip here: skipping it means "another session is
+  //    claiming or changing this group", never "this group has no head". The hold itself is a
+  //    column (HeldToken), not a lock: it outlives this transaction, until the transition that
+  //    releases it; only the holder's transitions move the head.
+  // 2. Each group's first @groupBatchSize unfinished jobs from its cached head are read and
+  //    locked (IX_Jobs_Group; READPAST: a job a producer has not committed is passed over). The
+  //    batch is the head and the due jobs right behind it: a job leased, or not due yet, ends
+  //    it. Nothing is leased unless the first job read is the cached head.
+  // 3. The batch is leased with the group's token, and returned in id order (the caller runs
+  //    it in that order, one job after the other).
+  // 4. A group whose head could not be leased (a producer's job not committed yet or rolled
+  //    back, a stale head) is not held: its head is recomputed from a dirty read (which sees an
+  //    uncommitted job, so a rolled-back one never strands the group), and it is left alone for
+  //    STALE_HEAD_PAUSE_MS; a group with no unfinished job left is deleted.
+  const groupClaim = `  DECLARE @held TABLE (
+    [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY, [HeadId] bigint NOT NULL,
+    [HeadPriority] int NULL, [HeadReadyAt] datetime2(3) NULL, [Token] uniqueidentifier NOT NULL);
+  DECLARE @members TABLE (
+    [Id] bigint NOT NULL PRIMARY KEY, [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL,
+    [Seq] bigint NOT NULL, [Runnable] bit NOT NULL);
+${atomically(`  WITH g AS (
+    SELECT TOP (@groupUnits) *
+    FROM ${groups} WITH (${CLAIM_HINTS})
+    WHERE [Queue] = @queue AND ${CLAIMABLE_GROUP} AND [HeadReadyAt] <= SYSUTCDATETIME()
+    ORDER BY [HeadPriority] DESC, [HeadReadyAt], [HeadId]
+  )
+  UPDATE g
+  SET [HeldToken] = NEWID(), [UpdatedAt] = SYSUTCDATETIME()
+  OUTPUT inserted.[GroupKey], inserted.[HeadId], inserted.[HeadPriority], inserted.[HeadReadyAt], inserted.[HeldToken]
+  INTO @held ([GroupKey], [HeadId], [HeadPriority], [HeadReadyAt], [Token]);
+  INSERT INTO @members ([Id], [GroupKey], [Seq], [Runnable])
+  SELECT m.[Id], h.[GroupKey], ROW_NUMBER() OVER (PARTITION BY h.[GroupKey] ORDER BY m.[Id]),
+         CASE WHEN m.[State] <> 'leased' AND m.[RunAt] <= SYSUTCDATETIME() THEN 1 ELSE 0 END
+  FROM @held AS h
+  CROSS APPLY (
+    SELECT TOP (@groupBatchSize) j.[Id], j.[State], j.[RunAt]
+    FROM ${jobs} AS j WITH (${CLAIM_HINTS})
+    WHERE j.[Queue] = @queue AND j.[GroupKey] = h.[GroupKey] AND j.[GroupKey] IS NOT NULL
+      AND j.[State] IN ('ready', 'delayed', 'leased') AND j.[Id] >= h.[HeadId]
+    ORDER BY j.[Id]
+  ) AS m;
+  DELETE m FROM @members AS m
+  WHERE EXISTS (SELECT 1 FROM @members AS x WHERE x.[GroupKey] = m.[GroupKey] AND x.[Seq] <= m.[Seq] AND x.[Runnable] = 0)
+     OR NOT EXISTS (SELECT 1 FROM @members AS f INNER JOIN @held AS h ON h.[GroupKey] = f.[GroupKey]
+                    WHERE f.[GroupKey] = m.[GroupKey] AND f.[Seq] = 1 AND f.[Id] = h.[HeadId]);
+  UPDATE j
+  SET [State] = 'leased', [ClaimToken] = h.[Token], [Attempts] = j.[Attempts] + 1,
+      [LeaseUntil] = DATEADD(millisecond, @leaseMs, SYSUTCDATETIME()), [ClaimedAt] = SYSUTCDATETIME(), [WorkerId] = @workerId
+  OUTPUT inserted.[Id], inserted.[Queue], inserted.[Payload], inserted.[Priority], inserted.[GroupKey], inserted.[IdempotencyKey],
+         inserted.[Attempts], inserted.[MaxAttempts], inserted.[ClaimToken], inserted.[CreatedAt], inserted.[ClaimedAt],
+         inserted.[LeaseUntil], h.[HeadPriority], h.[HeadReadyAt], h.[HeadId]
+  INTO @claimed
+  FROM ${jobs} AS j WITH (ROWLOCK)
+  INNER JOIN @members AS m ON m.[Id] = j.[Id]
+  INNER JOIN @held AS h ON h.[GroupKey] = m.[GroupKey]
+  WHERE j.[State] IN ('ready', 'delayed');
+  UPDATE g
+  SET [HeldToken] = NULL, [HeadId] = n.[Id], [HeadPriority] = n.[Priority],
+      [HeadReadyAt] = CASE WHEN n.[RunAt] > DATEADD(millisecond, ${STALE_HEAD_PAUSE_MS}, SYSUTCDATETIME()) THEN n.[RunAt]
+                           ELSE DATEADD(millisecond, ${STALE_HEAD_PAUSE_MS}, SYSUTCDATETIME()) END,
+      [UpdatedAt] = SYSUTCDATETIME()
+  FROM ${groups} AS g WITH (ROWLOCK)
+  INNER JOIN @held AS h ON g.[Queue] = @queue AND g.[GroupKey] = h.[GroupKey]
+  OUTER APPLY ${firstUnfinished(jobs, '@queue', 'h.[GroupKey]')} AS n
+  WHERE NOT EXISTS (SELECT 1 FROM @claimed AS c WHERE c.[GroupKey] = h.[GroupKey]);
+  DELETE g FROM ${groups} AS g WITH (ROWLOCK)
+  INNER JOIN @held AS h ON g.[Queue] = @queue AND g.[GroupKey] = h.[GroupKey]
+  WHERE g.[HeadId] IS NULL AND g.[HeldToken] IS NULL AND g.[Blocked] = 0;`)}`;
+
+  return {
+    // @queue, @payload, @priority, @runAt (null: now + @delayMs), @delayMs bigint, @groupKey,
+    // @idempotencyKey, @maxAttempts (null: the queue's recorded setting), @defaultMaxAttempts,
+    // @inTransaction (1: the caller's open transaction; see ENQUEUE_SESSION and keyedWork).
+    // The setting is read into a variable first: COALESCE((subquery), …) runs the subquery twice.
+    // With a key: the key's lock, then the existence check; the job's id is the existing one or
+    // the reserved one, and nothing is read again after the insert.
+    enqueueOne: enqueueOne(false),
+    // The same for a job with a group key, which joins its group after the insert
+    // (activateGroups, for one job). The job's run time is read back, not computed again.
+    enqueueOneGrouped: enqueueOne(true),
+
+    // ROWLOCK on both enqueue statements: READPAST skips locked rows but not locked pages, so
+    // a large insert in a caller's long transaction must not take page locks that claims and
+    // monitoring reads would then wait on (lock escalation is already off for the table).
+    // @jobs JobInputListV2 with Ord = 0..n-1, @inTransaction. A range of ids is reserved first, so
+    // every input row knows its id (first + Ord) whether or not it is inserted, and results come
+    // back in input order. The first row of a key within the batch is the one inserted; later
+    // ones get its id. First rows are found in one pass (ROW_NUMBER over the key: the table type
+    // has no index on the key and SQL Server keeps no statistics on a TVP, so a correlated
+    // "no earlier row" check could run once per row against every row). @keys is keyed by
+    // (Queue, IdempotencyKey) so the joins below seek it. Key locks are taken one per distinct
+    // resource, in resource order (@locks), the same order in every producer.
+    // A row without its own MaxAttempts takes its queue's recorded setting, else its default.
+    enqueueMany: enqueueMany(false),
+    // The same when a job has a group key: each group's lowest new job joins it (activateGroups).
+    enqueueManyGrouped: enqueueMany(true),
+
+    // @queue, @maxAttempts, @groupOnDead ('continue' | 'block'): insert or update one queue's
+    // settings. The UPDATE's UPDLOCK + HOLDLOCK hold the key (or, when it is missing, its range)
+    // until commit, so two processes recording the same new queue at once serialize: the second
+    // updates the row the first inserted instead of failing on the primary key. (Boot-time only:
+    // the range lock on a missing queue costs nothing here.)
     recordQueueSetting: `${MSSQL_STORE_SESSION}${atomically(`  UPDATE ${settings} WITH (UPDLOCK, HOLDLOCK)
-  SET [MaxAttempts] = @maxAttempts, [UpdatedAt] = SYSUTCDATETIME()
+  SET [MaxAttempts] = @maxAttempts, [GroupOnDead] = @groupOnDead, [UpdatedAt] = SYSUTCDATETIME()
   WHERE [Queue] = @queue;
   IF @@ROWCOUNT = 0
-    INSERT INTO ${settings} ([Queue], [MaxAttempts]) VALUES (@queue, @maxAttempts);`)}`,
+    INSERT INTO ${settings} ([Queue], [MaxAttempts], [GroupOnDead]) VALUES (@queue, @maxAttempts, @groupOnDead);`)}`,
 
-    // @limit, @leaseMs, @queue, @workerId. The seed's pattern: autocommit only (the session
-    // guard), the claim hints (CLAIM_HINTS: UPDLOCK takes and keeps the read's locks, READPAST
-    // skips rows other claimers hold, READCOMMITTEDLOCK keeps READPAST legal where
-    // READ_COMMITTED_SNAPSHOT is on); the CTE is updated in place and the OUTPUT goes INTO a
-    // table variable (allowed with triggers present); NEWID() per row.
+    // @limit (units), @groupBatchSize, @leaseMs, @queue, @workerId. The seed's pattern:
+    // autocommit only (the session guard), the claim hints (CLAIM_HINTS: UPDLOCK takes and keeps
+    // the read's locks, READPAST skips rows other claimers hold, READCOMMITTEDLOCK keeps READPAST
+    // legal where READ_COMMITTED_SNAPSHOT is on); the CTE is updated in place and the OUTPUT goes
+    // INTO a table variable (allowed with triggers present); NEWID() per row.
     // First, its own autocommit statement with the same hints: up to @limit of the queue's due
-    // delayed jobs, oldest first (a range seek on IX_Jobs_Delayed), become ready, so the claim
-    // that follows sees them. The ready index holds no delayed rows, so neither statement reads
-    // (or U-locks) the delayed backlog, whatever its priorities (review P2). A promoted job
-    // another claimer takes first is simply claimed there.
+    // ungrouped delayed jobs, oldest first (a range seek on IX_Jobs_Delayed), become ready, so
+    // the claim that follows sees them. The ready index holds no delayed rows, so neither
+    // statement reads (or U-locks) the delayed backlog, whatever its priorities (review P2). A
+    // promoted job another claimer takes first is simply claimed there.
+    // Ordered groups (issue 11): a grouped job is never in IX_Jobs_Claim or IX_Jobs_Delayed; it
+    // is claimed as its group's head, through the group's row. A queue without claimable groups
+    // costs one more seek (an empty range of IX_Groups_Claimable) and claims as before. With some,
+    // the @limit units (an ungrouped job, or a group's batch) go to the best of both in claim
+    // order, counted from a read that takes no lock and waits for none; the locking statements
+    // then take that many of each (best effort, as the order always is: a row another claimer
+    // holds is passed over). See groupClaim for the group side.
     claim: `${MSSQL_STORE_SESSION}DECLARE @claimed TABLE (
   [Id] bigint NOT NULL, [Queue] nvarchar(128) NOT NULL, [Payload] nvarchar(max) NOT NULL, [Priority] int NOT NULL,
-  [GroupKey] nvarchar(255) NULL, [IdempotencyKey] nvarchar(255) NULL, [Attempts] int NOT NULL, [MaxAttempts] int NOT NULL,
-  [ClaimToken] uniqueidentifier NOT NULL, [CreatedAt] datetime2(3) NOT NULL, [ClaimedAt] datetime2(3) NOT NULL,
-  [LeaseUntil] datetime2(3) NOT NULL);
+  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL, [IdempotencyKey] nvarchar(255) NULL, [Attempts] int NOT NULL,
+  [MaxAttempts] int NOT NULL, [ClaimToken] uniqueidentifier NOT NULL, [CreatedAt] datetime2(3) NOT NULL,
+  [ClaimedAt] datetime2(3) NOT NULL, [LeaseUntil] datetime2(3) NOT NULL,
+  [UnitPriority] int NULL, [UnitAt] datetime2(3) NULL, [UnitId] bigint NOT NULL);
+DECLARE @groupUnits int = 0, @jobUnits int = @limit;
 WITH due AS (
   SELECT TOP (@limit) *
   FROM ${jobs} WITH (${CLAIM_HINTS})
-  WHERE [Queue] = @queue AND [State] = 'delayed' AND [RunAt] <= SYSUTCDATETIME()
+  WHERE [Queue] = @queue AND [State] = 'delayed' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()
   ORDER BY [RunAt], [Id]
 )
 UPDATE due
 SET [State] = 'ready';
+IF EXISTS (
+  SELECT 1 FROM ${groups} WITH (READPAST, READCOMMITTEDLOCK)
+  WHERE [Queue] = @queue AND ${CLAIMABLE_GROUP} AND [HeadReadyAt] <= SYSUTCDATETIME()
+)
+BEGIN
+  SELECT @groupUnits = COUNT(*) FROM (
+    SELECT TOP (@limit) u.[Kind] FROM (
+      SELECT g.[Kind], g.[Priority], g.[RunAt], g.[Id] FROM (
+        SELECT TOP (@limit) 1 AS [Kind], [HeadPriority] AS [Priority], [HeadReadyAt] AS [RunAt], [HeadId] AS [Id]
+        FROM ${groups} WITH (READPAST, READCOMMITTEDLOCK)
+        WHERE [Queue] = @queue AND ${CLAIMABLE_GROUP} AND [HeadReadyAt] <= SYSUTCDATETIME()
+        ORDER BY [HeadPriority] DESC, [HeadReadyAt], [HeadId]) AS g
+      UNION ALL
+      SELECT j.[Kind], j.[Priority], j.[RunAt], j.[Id] FROM (
+        SELECT TOP (@limit) 0 AS [Kind], [Priority], [RunAt], [Id]
+        FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
+        WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()
+        ORDER BY [Priority] DESC, [RunAt], [Id]) AS j
+    ) AS u
+    ORDER BY u.[Priority] DESC, u.[RunAt], u.[Id]
+  ) AS best
+  WHERE best.[Kind] = 1;
+  SET @jobUnits = @limit - @groupUnits;
+END;
 WITH candidate AS (
-  SELECT TOP (@limit) *
+  SELECT TOP (@jobUnits) *
   FROM ${jobs} WITH (${CLAIM_HINTS})
-  WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= SYSUTCDATETIME()
+  WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()
   ORDER BY [Priority] DESC, [RunAt], [Id]
 )
 UPDATE candidate
@@ -388,11 +769,16 @@ SET [State] = 'leased', [ClaimToken] = NEWID(), [Attempts] = [Attempts] + 1,
     [LeaseUntil] = DATEADD(millisecond, @leaseMs, SYSUTCDATETIME()), [ClaimedAt] = SYSUTCDATETIME(), [WorkerId] = @workerId
 OUTPUT inserted.[Id], inserted.[Queue], inserted.[Payload], inserted.[Priority], inserted.[GroupKey], inserted.[IdempotencyKey],
        inserted.[Attempts], inserted.[MaxAttempts], inserted.[ClaimToken], inserted.[CreatedAt], inserted.[ClaimedAt],
-       inserted.[LeaseUntil]
+       inserted.[LeaseUntil], inserted.[Priority], inserted.[RunAt], inserted.[Id]
 INTO @claimed;
+IF @groupUnits > 0
+BEGIN
+${groupClaim}
+END;
 SELECT CAST([Id] AS varchar(20)) AS [Id], [Queue], [Payload], [Priority], [GroupKey], [IdempotencyKey], [Attempts], [MaxAttempts],
        CAST([ClaimToken] AS char(36)) AS [ClaimToken], [CreatedAt], [ClaimedAt], [LeaseUntil]
-FROM @claimed;`,
+FROM @claimed
+ORDER BY [UnitPriority] DESC, [UnitAt], [UnitId], [Id];`,
 
     // @items HeartbeatList. The lease never runs past ClaimedAt + MaxMs; once that cap has passed
     // the lease cannot be renewed, and the answer is no lease (lost), not 'ok'.
@@ -410,14 +796,25 @@ SELECT CAST(i.[Id] AS varchar(20)) AS [Id], CASE WHEN e.[LeaseUntil] > SYSUTCDAT
 FROM @items AS i LEFT JOIN @extended AS e ON e.[Id] = i.[Id];`,
 
     // @items OwnedJobList. The token stays on the done row, so a retried completion whose first
-    // reply was lost is recognised ('already') instead of reported as lost.
-    complete: `${MSSQL_STORE_SESSION}DECLARE @completed TABLE ([Id] bigint NOT NULL PRIMARY KEY);
-UPDATE j
-SET [State] = 'done', [FinishedAt] = SYSUTCDATETIME(), [LeaseUntil] = NULL
-OUTPUT inserted.[Id] INTO @completed ([Id])
-FROM ${jobs} AS j WITH (ROWLOCK)
-INNER JOIN @items AS i ON j.[Id] = i.[Id] AND j.[ClaimToken] = i.[Token]
-WHERE j.[State] = 'leased';
+    // reply was lost is recognised ('already') instead of reported as lost. A grouped job's group
+    // is settled in the same transaction (settleGroups): released once no job of its batch is
+    // leased any more, headed by its next job.
+    complete: `${MSSQL_STORE_SESSION}DECLARE @completed TABLE (
+  [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL, [Token] uniqueidentifier NOT NULL);
+${TOUCHED_GROUPS}${atomically(`  UPDATE j
+  SET [State] = 'done', [FinishedAt] = SYSUTCDATETIME(), [LeaseUntil] = NULL
+  OUTPUT inserted.[Id], inserted.[Queue], inserted.[GroupKey], inserted.[ClaimToken]
+  INTO @completed ([Id], [Queue], [GroupKey], [Token])
+  FROM ${jobs} AS j WITH (ROWLOCK)
+  INNER JOIN @items AS i ON j.[Id] = i.[Id] AND j.[ClaimToken] = i.[Token]
+  WHERE j.[State] = 'leased';
+  IF EXISTS (SELECT 1 FROM @completed WHERE [GroupKey] IS NOT NULL)
+  BEGIN
+    INSERT INTO @touched ([Queue], [GroupKey], [Token])
+    SELECT DISTINCT [Queue], [GroupKey], [Token] FROM @completed WHERE [GroupKey] IS NOT NULL;
+${settleGroups(jobs, groups)}
+  END;`)}
 SELECT CAST(i.[Id] AS varchar(20)) AS [Id],
   CASE WHEN c.[Id] IS NOT NULL THEN 'ok'
        WHEN EXISTS (SELECT 1 FROM ${jobs} AS d WHERE d.[Id] = i.[Id] AND d.[ClaimToken] = i.[Token] AND d.[State] = 'done') THEN 'already'
@@ -426,49 +823,89 @@ FROM @items AS i LEFT JOIN @completed AS c ON c.[Id] = i.[Id];`,
 
     // @items FailureList. The state change and its attempt row commit together. A retry with a
     // delay waits as 'delayed' (out of the claim's ready index); the claim promotes it once due.
+    // A grouped job's batch siblings (leased with its token, never started) go back to ready
+    // with their attempt given back, and its group is settled: headed by the failed job again
+    // (a retry keeps its place), or, when it died, by the next job ('continue') or stopped by it
+    // ('block', the queue's recorded groupOnDead; 'continue' when none is recorded).
     fail: `${MSSQL_STORE_SESSION}DECLARE @failed TABLE (
-  [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) NOT NULL, [State] varchar(8) NOT NULL, [Attempt] int NOT NULL,
-  [ClaimedAt] datetime2(3) NULL, [Token] uniqueidentifier NOT NULL);
-${atomically(`  UPDATE j
+  [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL, [State] varchar(8) NOT NULL, [Attempt] int NOT NULL,
+  [ClaimedAt] datetime2(3) NULL, [Token] uniqueidentifier NOT NULL, [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL);
+DECLARE @batchTokens TABLE ([Token] uniqueidentifier NOT NULL PRIMARY KEY);
+${TOUCHED_GROUPS}${atomically(`  UPDATE j
   SET [State] = CASE WHEN i.[Dead] = 1 OR j.[Attempts] >= j.[MaxAttempts] THEN 'dead'
                      WHEN i.[DelayMs] > 0 THEN 'delayed' ELSE 'ready' END,
       [RunAt] = CASE WHEN i.[Dead] = 1 OR j.[Attempts] >= j.[MaxAttempts] THEN j.[RunAt]
                      ELSE DATEADD(millisecond, i.[DelayMs], SYSUTCDATETIME()) END,
       [FinishedAt] = CASE WHEN i.[Dead] = 1 OR j.[Attempts] >= j.[MaxAttempts] THEN SYSUTCDATETIME() ELSE NULL END,
       [ClaimToken] = NULL, [LeaseUntil] = NULL, [LastError] = i.[Error]
-  OUTPUT inserted.[Id], inserted.[Queue], inserted.[State], inserted.[Attempts], inserted.[ClaimedAt], deleted.[ClaimToken]
-  INTO @failed ([Id], [Queue], [State], [Attempt], [ClaimedAt], [Token])
+  OUTPUT inserted.[Id], inserted.[Queue], inserted.[State], inserted.[Attempts], inserted.[ClaimedAt], deleted.[ClaimToken],
+         inserted.[GroupKey]
+  INTO @failed ([Id], [Queue], [State], [Attempt], [ClaimedAt], [Token], [GroupKey])
   FROM ${jobs} AS j WITH (ROWLOCK)
   INNER JOIN @items AS i ON j.[Id] = i.[Id] AND j.[ClaimToken] = i.[Token]
   WHERE j.[State] = 'leased';
   INSERT INTO ${attempts} WITH (ROWLOCK) ([JobId], [Queue], [Attempt], [Outcome], [Error], [Stack], [WorkerId], [ClaimToken], [StartedAt], [FinishedAt])
   SELECT f.[Id], f.[Queue], f.[Attempt], 'failed', i.[Error], i.[Stack], i.[WorkerId], f.[Token], f.[ClaimedAt], SYSUTCDATETIME()
-  FROM @failed AS f INNER JOIN @items AS i ON i.[Id] = f.[Id];`)}
+  FROM @failed AS f INNER JOIN @items AS i ON i.[Id] = f.[Id];
+  IF EXISTS (SELECT 1 FROM @failed WHERE [GroupKey] IS NOT NULL)
+  BEGIN
+    INSERT INTO @batchTokens ([Token]) SELECT DISTINCT [Token] FROM @failed WHERE [GroupKey] IS NOT NULL;
+    UPDATE s
+    SET [State] = 'ready', [Attempts] = CASE WHEN s.[Attempts] > 0 THEN s.[Attempts] - 1 ELSE 0 END, [ClaimToken] = NULL,
+        [LeaseUntil] = NULL, [ClaimedAt] = NULL, [WorkerId] = NULL
+    FROM ${jobs} AS s WITH (ROWLOCK)
+    INNER JOIN @batchTokens AS b ON s.[ClaimToken] = b.[Token]
+    WHERE s.[State] = 'leased' AND s.[GroupKey] IS NOT NULL;
+    INSERT INTO @touched ([Queue], [GroupKey], [Token], [BlockId])
+    SELECT f.[Queue], f.[GroupKey], f.[Token], ${blockingJob('f')}
+    FROM @failed AS f LEFT JOIN ${settings} AS q ON q.[Queue] = f.[Queue]
+    WHERE f.[GroupKey] IS NOT NULL
+    GROUP BY f.[Queue], f.[GroupKey], f.[Token];
+${settleGroups(jobs, groups)}
+  END;`)}
 SELECT CAST(i.[Id] AS varchar(20)) AS [Id], f.[State],
   CASE WHEN f.[Id] IS NOT NULL THEN 'ok'
        WHEN EXISTS (SELECT 1 FROM ${attempts} AS a WHERE a.[JobId] = i.[Id] AND a.[ClaimToken] = i.[Token] AND a.[Outcome] = 'failed') THEN 'already'
        ELSE 'lost' END AS [Outcome]
 FROM @items AS i LEFT JOIN @failed AS f ON f.[Id] = i.[Id];`,
 
-    // @items OwnedJobList: leased but never started; the claim's attempt is given back.
-    release: `${MSSQL_STORE_SESSION}DECLARE @released TABLE ([Id] bigint NOT NULL PRIMARY KEY);
-UPDATE j
-SET [State] = 'ready', [Attempts] = CASE WHEN j.[Attempts] > 0 THEN j.[Attempts] - 1 ELSE 0 END, [ClaimToken] = NULL,
-    [LeaseUntil] = NULL, [ClaimedAt] = NULL, [WorkerId] = NULL
-OUTPUT inserted.[Id] INTO @released ([Id])
-FROM ${jobs} AS j WITH (ROWLOCK)
-INNER JOIN @items AS i ON j.[Id] = i.[Id] AND j.[ClaimToken] = i.[Token]
-WHERE j.[State] = 'leased';
+    // @items OwnedJobList: leased but never started; the claim's attempt is given back. A
+    // grouped job's group is settled as after a completion (released once no job of the batch
+    // is leased, headed by its lowest unfinished job: the released one comes next).
+    release: `${MSSQL_STORE_SESSION}DECLARE @released TABLE (
+  [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL, [Token] uniqueidentifier NOT NULL);
+${TOUCHED_GROUPS}${atomically(`  UPDATE j
+  SET [State] = 'ready', [Attempts] = CASE WHEN j.[Attempts] > 0 THEN j.[Attempts] - 1 ELSE 0 END, [ClaimToken] = NULL,
+      [LeaseUntil] = NULL, [ClaimedAt] = NULL, [WorkerId] = NULL
+  OUTPUT inserted.[Id], inserted.[Queue], inserted.[GroupKey], deleted.[ClaimToken]
+  INTO @released ([Id], [Queue], [GroupKey], [Token])
+  FROM ${jobs} AS j WITH (ROWLOCK)
+  INNER JOIN @items AS i ON j.[Id] = i.[Id] AND j.[ClaimToken] = i.[Token]
+  WHERE j.[State] = 'leased';
+  IF EXISTS (SELECT 1 FROM @released WHERE [GroupKey] IS NOT NULL)
+  BEGIN
+    INSERT INTO @touched ([Queue], [GroupKey], [Token])
+    SELECT DISTINCT [Queue], [GroupKey], [Token] FROM @released WHERE [GroupKey] IS NOT NULL;
+${settleGroups(jobs, groups)}
+  END;`)}
 SELECT CAST(i.[Id] AS varchar(20)) AS [Id], CASE WHEN r.[Id] IS NOT NULL THEN 'ok' ELSE 'lost' END AS [Outcome]
 FROM @items AS i LEFT JOIN @released AS r ON r.[Id] = i.[Id];`,
 
     // @batch. One conditional statement: lock expired leases (skipping rows another reaper
     // holds; the locking read re-checks the predicate), void the token, record the attempt.
     // RunAt is kept: the job keeps its place, and its waiting age keeps counting.
+    // A grouped job's batch siblings (leased with the same token) are reaped with it, whatever
+    // their own lease says: the token is void, so its holder cannot go on with any of them
+    // (the PostgreSQL store does the same). They wait for their row locks (ROWLOCK, no
+    // READPAST): a sibling a worker is completing right now is settled by whichever of the two
+    // takes the group row second. Then the group is settled as after a failure.
     reap: `${MSSQL_STORE_SESSION}DECLARE @reaped TABLE (
-  [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) NOT NULL, [State] varchar(8) NOT NULL, [Attempt] int NOT NULL,
-  [Token] uniqueidentifier NULL, [WorkerId] nvarchar(255) NULL, [ClaimedAt] datetime2(3) NULL, [LastError] nvarchar(max) NULL);
-${atomically(`  WITH expired AS (
+  [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL, [State] varchar(8) NOT NULL, [Attempt] int NOT NULL,
+  [Token] uniqueidentifier NULL, [WorkerId] nvarchar(255) NULL, [ClaimedAt] datetime2(3) NULL, [LastError] nvarchar(max) NULL,
+  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL);
+DECLARE @batchTokens TABLE ([Token] uniqueidentifier NOT NULL PRIMARY KEY);
+${TOUCHED_GROUPS}${atomically(`  WITH expired AS (
     SELECT TOP (@batch) *
     FROM ${jobs} WITH (${CLAIM_HINTS})
     WHERE [State] = 'leased' AND [LeaseUntil] < SYSUTCDATETIME()
@@ -480,45 +917,88 @@ ${atomically(`  WITH expired AS (
       [LastError] = CONCAT(N'lease expired at ', STUFF(CONVERT(char(23), [LeaseUntil], 121), 11, 1, 'T'), N'Z (worker ', COALESCE([WorkerId], N'unknown'), N')'),
       [ClaimToken] = NULL, [LeaseUntil] = NULL
   OUTPUT inserted.[Id], inserted.[Queue], inserted.[State], inserted.[Attempts], deleted.[ClaimToken], deleted.[WorkerId],
-         deleted.[ClaimedAt], inserted.[LastError]
-  INTO @reaped ([Id], [Queue], [State], [Attempt], [Token], [WorkerId], [ClaimedAt], [LastError]);
+         deleted.[ClaimedAt], inserted.[LastError], inserted.[GroupKey]
+  INTO @reaped ([Id], [Queue], [State], [Attempt], [Token], [WorkerId], [ClaimedAt], [LastError], [GroupKey]);
+  IF EXISTS (SELECT 1 FROM @reaped WHERE [GroupKey] IS NOT NULL)
+  BEGIN
+    INSERT INTO @batchTokens ([Token]) SELECT DISTINCT [Token] FROM @reaped WHERE [GroupKey] IS NOT NULL AND [Token] IS NOT NULL;
+    UPDATE s
+    SET [State] = CASE WHEN s.[Attempts] >= s.[MaxAttempts] THEN 'dead' ELSE 'ready' END,
+        [FinishedAt] = CASE WHEN s.[Attempts] >= s.[MaxAttempts] THEN SYSUTCDATETIME() ELSE NULL END,
+        [LastError] = CONCAT(N'lease expired at ', STUFF(CONVERT(char(23), s.[LeaseUntil], 121), 11, 1, 'T'), N'Z (worker ',
+                             COALESCE(s.[WorkerId], N'unknown'), N') with its group batch'),
+        [ClaimToken] = NULL, [LeaseUntil] = NULL
+    OUTPUT inserted.[Id], inserted.[Queue], inserted.[State], inserted.[Attempts], deleted.[ClaimToken], deleted.[WorkerId],
+           deleted.[ClaimedAt], inserted.[LastError], inserted.[GroupKey]
+    INTO @reaped ([Id], [Queue], [State], [Attempt], [Token], [WorkerId], [ClaimedAt], [LastError], [GroupKey])
+    FROM ${jobs} AS s WITH (ROWLOCK)
+    INNER JOIN @batchTokens AS b ON s.[ClaimToken] = b.[Token]
+    WHERE s.[State] = 'leased' AND s.[GroupKey] IS NOT NULL;
+  END;
   INSERT INTO ${attempts} WITH (ROWLOCK) ([JobId], [Queue], [Attempt], [Outcome], [Error], [Stack], [WorkerId], [ClaimToken], [StartedAt], [FinishedAt])
   SELECT [Id], [Queue], [Attempt], 'lease-expired', [LastError], NULL, [WorkerId], [Token], [ClaimedAt], SYSUTCDATETIME()
-  FROM @reaped;`)}
+  FROM @reaped;
+  IF EXISTS (SELECT 1 FROM @reaped WHERE [GroupKey] IS NOT NULL)
+  BEGIN
+    INSERT INTO @touched ([Queue], [GroupKey], [Token], [BlockId])
+    SELECT r.[Queue], r.[GroupKey], r.[Token], ${blockingJob('r')}
+    FROM @reaped AS r LEFT JOIN ${settings} AS q ON q.[Queue] = r.[Queue]
+    WHERE r.[GroupKey] IS NOT NULL AND r.[Token] IS NOT NULL
+    GROUP BY r.[Queue], r.[GroupKey], r.[Token];
+${settleGroups(jobs, groups)}
+  END;`)}
 SELECT CAST([Id] AS varchar(20)) AS [Id], [Queue], [State], [Attempt] FROM @reaped;`,
 
-    // A due delayed job counts: the next claim promotes and takes it.
+    // A due delayed job counts: the next claim promotes and takes it; so does a claimable group.
     hasClaimableWork: `${MSSQL_STORE_SESSION}SELECT CAST(CASE WHEN EXISTS (
   SELECT 1 FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
-  WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= SYSUTCDATETIME()
+  WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()
 ) OR EXISTS (
   SELECT 1 FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
-  WHERE [Queue] = @queue AND [State] = 'delayed' AND [RunAt] <= SYSUTCDATETIME()
+  WHERE [Queue] = @queue AND [State] = 'delayed' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()
+) OR EXISTS (
+  SELECT 1 FROM ${groups} WITH (READPAST, READCOMMITTEDLOCK)
+  WHERE [Queue] = @queue AND ${CLAIMABLE_GROUP} AND [HeadReadyAt] <= SYSUTCDATETIME()
 ) THEN 1 ELSE 0 END AS bit) AS [HasWork];`,
 
     // Each figure reads one filtered index that covers it (Attempts is included in the ready
-    // index since migration 3, and in the delayed index), so the cost follows live rows, not history.
-    // A delayed job that is due but not promoted yet (no claim since) counts as ready: it is
-    // waiting. Ready rows not due yet only exist if written before version 4 (which moved them).
+    // index since migration 3, and in the delayed and group indexes), so the cost follows live
+    // rows, not history. A delayed job that is due but not promoted yet (no claim since) counts
+    // as ready: it is waiting. Ready rows not due yet only exist if written before version 4
+    // (which moved them). Grouped jobs waiting behind their group's head (IX_Jobs_Group) count
+    // as ready or delayed by their run time, as the ones a claim can take do.
     // READPAST: a monitoring read must never queue behind a producer's open transaction (as
     // PostgreSQL's MVCC reads never do); rows locked at that instant are simply not counted.
     stats: `${MSSQL_STORE_SESSION}DECLARE @now datetime2(3) = SYSUTCDATETIME();
+DECLARE @groupedReady bigint, @groupedDelayed bigint, @groupedRetrying bigint, @groupedOldest datetime2(3);
+SELECT @groupedReady = COUNT_BIG(CASE WHEN [State] <> 'leased' AND [RunAt] <= @now THEN 1 END),
+       @groupedDelayed = COUNT_BIG(CASE WHEN [State] <> 'leased' AND [RunAt] > @now THEN 1 END),
+       @groupedRetrying = COUNT_BIG(CASE WHEN [State] <> 'leased' AND [Attempts] > 0 THEN 1 END),
+       @groupedOldest = MIN(CASE WHEN [State] <> 'leased' AND [RunAt] <= @now THEN [RunAt] END)
+FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
+WHERE [Queue] = @queue AND ${UNFINISHED_GROUPED};
 SELECT
-  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= @now)
-  + (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'delayed' AND [RunAt] <= @now) AS [Ready],
-  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'delayed' AND [RunAt] > @now)
-  + (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] > @now) AS [Delayed],
+  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] <= @now)
+  + (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'delayed' AND [GroupKey] IS NULL AND [RunAt] <= @now)
+  + @groupedReady AS [Ready],
+  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'delayed' AND [GroupKey] IS NULL AND [RunAt] > @now)
+  + (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] > @now)
+  + @groupedDelayed AS [Delayed],
   (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'leased') AS [Leased],
   (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'leased' AND [LeaseUntil] < @now) AS [ExpiredLeases],
   (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'dead') AS [Dead],
-  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [Attempts] > 0)
-  + (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'delayed' AND [Attempts] > 0) AS [Retrying],
+  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [Attempts] > 0)
+  + (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'delayed' AND [GroupKey] IS NULL AND [Attempts] > 0)
+  + @groupedRetrying AS [Retrying],
+  (SELECT COUNT_BIG(*) FROM ${groups} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [Blocked] = 1) AS [BlockedGroups],
   (SELECT DATEDIFF_BIG(millisecond, MIN(w.[RunAt]), @now) FROM (
      SELECT MIN([RunAt]) AS [RunAt] FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
-     WHERE [Queue] = @queue AND [State] = 'ready' AND [RunAt] <= @now
+     WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] <= @now
      UNION ALL
      SELECT MIN([RunAt]) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
-     WHERE [Queue] = @queue AND [State] = 'delayed' AND [RunAt] <= @now) AS w) AS [OldestReadyAgeMs];`,
+     WHERE [Queue] = @queue AND [State] = 'delayed' AND [GroupKey] IS NULL AND [RunAt] <= @now
+     UNION ALL
+     SELECT @groupedOldest) AS w) AS [OldestReadyAgeMs];`,
 
     getJob: `${MSSQL_STORE_SESSION}SELECT ${JOB_COLUMNS} FROM ${jobs} WHERE [Id] = @id;`,
 
@@ -536,45 +1016,73 @@ ORDER BY [FinishedAt], [Attempt];`,
 WHERE j.[Queue] = @queue AND j.[State] = 'dead' AND j.[Id] > ISNULL(@afterId, 0)
 ORDER BY j.[Id];`,
 
-    // @queue, @ids IdList
-    retryDead: `${MSSQL_STORE_SESSION}DECLARE @retried TABLE ([Id] bigint NOT NULL PRIMARY KEY);
-UPDATE j
-SET [State] = 'ready', [Attempts] = 0, [RunAt] = SYSUTCDATETIME(), [FinishedAt] = NULL, [ClaimToken] = NULL
-OUTPUT inserted.[Id] INTO @retried ([Id])
-FROM ${jobs} AS j WITH (ROWLOCK) INNER JOIN @ids AS i ON i.[Id] = j.[Id]
-WHERE j.[Queue] = @queue AND j.[State] = 'dead';
+    // @queue, @ids IdList. A retried job of an ordered group: see retryGroups.
+    retryDead: `${MSSQL_STORE_SESSION}${RETRIED}${atomically(`  UPDATE j
+  SET [State] = 'ready', [Attempts] = 0, [RunAt] = SYSUTCDATETIME(), [FinishedAt] = NULL, [ClaimToken] = NULL
+  OUTPUT inserted.[Id], inserted.[Queue], inserted.[GroupKey], inserted.[RunAt], inserted.[Priority]
+  INTO @retried ([Id], [Queue], [GroupKey], [RunAt], [Priority])
+  FROM ${jobs} AS j WITH (ROWLOCK) INNER JOIN @ids AS i ON i.[Id] = j.[Id]
+  WHERE j.[Queue] = @queue AND j.[State] = 'dead';
+${retryGroups}`)}
 SELECT CAST([Id] AS varchar(20)) AS [Id] FROM @retried;`,
 
     // @queue, @afterId bigint (0 first), @batch. One keyset batch in Id order: lock escalation is
     // off (migration 1), so an unbounded UPDATE would hold key locks on every dead row (PK,
     // IX_Jobs_Dead, IX_Jobs_Claim) until it ends; the store loops, each batch its own
-    // autocommit statement. The ordered TOP is the UPDATE page's recipe ("use TOP together with
+    // transaction. The ordered TOP is the UPDATE page's recipe ("use TOP together with
     // ORDER BY in a subselect", https://learn.microsoft.com/sql/t-sql/queries/update-transact-sql),
     // a range seek on IX_Jobs_Dead ([Queue], [Id]) that stops after @batch rows; Id order is the
     // order the other batched writers lock PK rows in. A job retried and dead again during the
     // loop keeps its Id, below @afterId, so it is not retried twice.
-    retryAllDead: `${MSSQL_STORE_SESSION}DECLARE @retried TABLE ([Id] bigint NOT NULL PRIMARY KEY);
-WITH batch AS (
-  SELECT TOP (@batch) *
-  FROM ${jobs} WITH (ROWLOCK)
-  WHERE [Queue] = @queue AND [State] = 'dead' AND [Id] > @afterId
-  ORDER BY [Id]
-)
-UPDATE batch
-SET [State] = 'ready', [Attempts] = 0, [RunAt] = SYSUTCDATETIME(), [FinishedAt] = NULL, [ClaimToken] = NULL
-OUTPUT inserted.[Id] INTO @retried ([Id]);
+    retryAllDead: `${MSSQL_STORE_SESSION}${RETRIED}${atomically(`  WITH batch AS (
+    SELECT TOP (@batch) *
+    FROM ${jobs} WITH (ROWLOCK)
+    WHERE [Queue] = @queue AND [State] = 'dead' AND [Id] > @afterId
+    ORDER BY [Id]
+  )
+  UPDATE batch
+  SET [State] = 'ready', [Attempts] = 0, [RunAt] = SYSUTCDATETIME(), [FinishedAt] = NULL, [ClaimToken] = NULL
+  OUTPUT inserted.[Id], inserted.[Queue], inserted.[GroupKey], inserted.[RunAt], inserted.[Priority]
+  INTO @retried ([Id], [Queue], [GroupKey], [RunAt], [Priority]);
+${retryGroups}`)}
 SELECT CAST([Id] AS varchar(20)) AS [Id] FROM @retried ORDER BY [Id];`,
 
-    // @queue, @olderThanMs bigint (0 for all), @batch
-    purgeDead: `${MSSQL_STORE_SESSION}DELETE TOP (@batch) FROM ${jobs} WITH (ROWLOCK)
-WHERE [Queue] = @queue AND [State] = 'dead' AND [FinishedAt] <= ${shiftedNow('@olderThanMs', -1)};
-SELECT @@ROWCOUNT AS [Deleted];`,
+    // @queue, @olderThanMs bigint (0 for all), @batch. A group blocked by a purged job is
+    // released: its row is locked first, then headed by its lowest unfinished job (a dirty read,
+    // as in settleGroups), or deleted when it has none.
+    purgeDead: `${MSSQL_STORE_SESSION}DECLARE @purged TABLE (
+  [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL, [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL);
+DECLARE @unblocked TABLE (
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL, [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL, PRIMARY KEY ([Queue], [GroupKey]));
+${atomically(`  DELETE TOP (@batch) FROM ${jobs} WITH (ROWLOCK)
+  OUTPUT deleted.[Id], deleted.[Queue], deleted.[GroupKey] INTO @purged ([Id], [Queue], [GroupKey])
+  WHERE [Queue] = @queue AND [State] = 'dead' AND [FinishedAt] <= ${shiftedNow('@olderThanMs', -1)};
+  IF EXISTS (SELECT 1 FROM @purged WHERE [GroupKey] IS NOT NULL)
+  BEGIN
+    UPDATE g
+    SET [Blocked] = 0, [HeadId] = NULL, [HeadReadyAt] = NULL, [HeadPriority] = NULL, [UpdatedAt] = SYSUTCDATETIME()
+    OUTPUT inserted.[Queue], inserted.[GroupKey] INTO @unblocked ([Queue], [GroupKey])
+    FROM ${groups} AS g WITH (ROWLOCK)
+    INNER JOIN @purged AS p ON g.[Queue] = p.[Queue] AND g.[GroupKey] = p.[GroupKey] AND g.[HeadId] = p.[Id]
+    WHERE g.[Blocked] = 1;
+    UPDATE g
+    SET [HeadId] = n.[Id], [HeadReadyAt] = n.[RunAt], [HeadPriority] = n.[Priority]
+    FROM ${groups} AS g WITH (ROWLOCK)
+    INNER JOIN @unblocked AS b ON g.[Queue] = b.[Queue] AND g.[GroupKey] = b.[GroupKey]
+    CROSS APPLY ${firstUnfinished(jobs, 'g.[Queue]', 'g.[GroupKey]')} AS n;
+    DELETE g FROM ${groups} AS g WITH (ROWLOCK)
+    INNER JOIN @unblocked AS b ON g.[Queue] = b.[Queue] AND g.[GroupKey] = b.[GroupKey]
+    WHERE g.[HeadId] IS NULL AND g.[HeldToken] IS NULL AND g.[Blocked] = 0;
+  END;`)}
+SELECT COUNT_BIG(*) AS [Deleted] FROM @purged;`,
 
     // @doneMs, @keyMs, @deadMs (null: keep dead jobs), @batch; all bigint milliseconds. At most
     // @batch rows in all: each DELETE takes what the ones before it left of the budget, so a
     // short answer means nothing old is left. Each DELETE is its own autocommit statement with
     // a predicate a FinishedAt-led filtered index can answer as one range: keyless done rows,
-    // keyed done rows (kept until the key window passes too), dead rows.
+    // keyed done rows (kept until the key window passes too), dead rows. A dead job that blocks
+    // its ordered group stays until it is retried or purged: deleting it would leave the group
+    // blocked by nothing (IX_Jobs_DeadFinished carries Queue and GroupKey for this check).
     cleanup: `${MSSQL_STORE_SESSION}DECLARE @deleted int = 0;
 DECLARE @now datetime2(3) = SYSUTCDATETIME();
 DECLARE @doneBefore datetime2(3) = ${shiftedNow('@doneMs', -1, '@now')};
@@ -592,12 +1100,137 @@ BEGIN
 END;
 IF @deadMs IS NOT NULL AND @deleted < @batch
 BEGIN
-  DELETE TOP (@batch - @deleted) FROM ${jobs} WITH (ROWLOCK)
-  WHERE [State] = 'dead' AND [FinishedAt] < @deadBefore
-    AND ([IdempotencyKey] IS NULL OR [FinishedAt] < @keyBefore);
+  DELETE TOP (@batch - @deleted) d FROM ${jobs} AS d WITH (ROWLOCK)
+  WHERE d.[State] = 'dead' AND d.[FinishedAt] < @deadBefore
+    AND (d.[IdempotencyKey] IS NULL OR d.[FinishedAt] < @keyBefore)
+    AND (d.[GroupKey] IS NULL OR NOT EXISTS (
+      SELECT 1 FROM ${groups} AS g
+      WHERE g.[Blocked] = 1 AND g.[Queue] = d.[Queue] AND g.[GroupKey] = d.[GroupKey] AND g.[HeadId] = d.[Id]));
   SET @deleted = @deleted + @@ROWCOUNT;
 END;
 SELECT @deleted AS [Deleted];`,
+
+    // ---- ordered groups ----------------------------------------------------------------------
+
+    // @queue, @afterKey (null: from the first), @limit. Blocked groups by key (IX_Groups_Blocked),
+    // each with the dead job that blocks it, its last error and when it died.
+    listBlockedGroups: `${MSSQL_STORE_SESSION}SELECT TOP (@limit) g.[GroupKey], CAST(g.[HeadId] AS varchar(20)) AS [JobId],
+  j.[LastError], j.[FinishedAt]
+FROM ${groups} AS g
+LEFT JOIN ${jobs} AS j ON j.[Id] = g.[HeadId]
+WHERE g.[Queue] = @queue AND g.[Blocked] = 1 AND g.[GroupKey] > ISNULL(@afterKey, N'')
+ORDER BY g.[GroupKey];`,
+
+    // @rowQueue, @rowKey (null: from the start), @orphanQueue, @orphanKey (likewise), @limit.
+    // The repair sweep's first look, taking no lock and waiting for none (see repairGroup for the
+    // second): up to @limit group rows after the row cursor (rows in use are skipped, and seen
+    // on a later pass) checked against their jobs, and up to @limit groups with unfinished jobs
+    // after the orphan cursor (a loose index scan on IX_Jobs_Group, two seeks per group) checked
+    // for a row. The jobs are read dirty, as the transitions read them. Returns what looks wrong
+    // (Kind 'row' with the row's version, or 'orphan') and the two cursors to resume from
+    // (Kind 'rows' and 'orphans'; null keys: start over).
+    findGroupProblems: `${MSSQL_STORE_SESSION}DECLARE @found TABLE (
+  [Kind] varchar(8) NOT NULL, [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL, [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [Version] bigint NULL, [Problem] nvarchar(400) NULL);
+DECLARE @page TABLE (
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL, [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL, [HeadId] bigint NULL,
+  [HeldToken] uniqueidentifier NULL, [Blocked] bit NOT NULL, [Version] bigint NOT NULL,
+  PRIMARY KEY ([Queue], [GroupKey]));
+DECLARE @q nvarchar(128) = @orphanQueue, @k nvarchar(255) = @orphanKey, @nextQueue nvarchar(128), @nextKey nvarchar(255);
+DECLARE @walked int = 0, @rowCursorQueue nvarchar(128), @rowCursorKey nvarchar(255);
+INSERT INTO @page ([Queue], [GroupKey], [HeadId], [HeldToken], [Blocked], [Version])
+SELECT TOP (@limit) p.[Queue], p.[GroupKey], p.[HeadId], p.[HeldToken], p.[Blocked], p.[Version] FROM (
+  SELECT a.* FROM (
+    SELECT TOP (@limit) [Queue], [GroupKey], [HeadId], [HeldToken], [Blocked], CAST([RowVersion] AS bigint) AS [Version]
+    FROM ${groups} WITH (READPAST, READCOMMITTEDLOCK)
+    WHERE [Queue] = @rowQueue AND [GroupKey] > @rowKey
+    ORDER BY [GroupKey]) AS a
+  UNION ALL
+  SELECT b.* FROM (
+    SELECT TOP (@limit) [Queue], [GroupKey], [HeadId], [HeldToken], [Blocked], CAST([RowVersion] AS bigint) AS [Version]
+    FROM ${groups} WITH (READPAST, READCOMMITTEDLOCK)
+    WHERE [Queue] > ISNULL(@rowQueue, N'')
+    ORDER BY [Queue], [GroupKey]) AS b
+) AS p
+ORDER BY p.[Queue], p.[GroupKey];
+IF (SELECT COUNT(*) FROM @page) >= @limit
+  SELECT TOP (1) @rowCursorQueue = [Queue], @rowCursorKey = [GroupKey] FROM @page ORDER BY [Queue] DESC, [GroupKey] DESC;
+INSERT INTO @found ([Kind], [Queue], [GroupKey], [Version], [Problem])
+SELECT 'row', p.[Queue], p.[GroupKey], p.[Version], x.[Problem]
+FROM @page AS p
+OUTER APPLY ${firstUnfinished(jobs, 'p.[Queue]', 'p.[GroupKey]', 'u.[Id]')} AS n
+CROSS APPLY (SELECT ${groupProblem(jobs, 'p', 'n.[Id]')} AS [Problem]) AS x
+WHERE x.[Problem] IS NOT NULL;
+WHILE @walked < @limit
+BEGIN
+  SET @nextQueue = NULL;
+  SELECT TOP (1) @nextQueue = [Queue], @nextKey = [GroupKey]
+  FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
+  WHERE [Queue] = @q AND [GroupKey] > @k AND ${UNFINISHED_GROUPED}
+  ORDER BY [GroupKey];
+  IF @nextQueue IS NULL
+    SELECT TOP (1) @nextQueue = [Queue], @nextKey = [GroupKey]
+    FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
+    WHERE [Queue] > ISNULL(@q, N'') AND ${UNFINISHED_GROUPED}
+    ORDER BY [Queue], [GroupKey];
+  IF @nextQueue IS NULL BREAK;
+  SET @walked = @walked + 1;
+  SET @q = @nextQueue;
+  SET @k = @nextKey;
+  IF NOT EXISTS (SELECT 1 FROM ${groups} WITH (READUNCOMMITTED) WHERE [Queue] = @q AND [GroupKey] = @k)
+    INSERT INTO @found ([Kind], [Queue], [GroupKey], [Version], [Problem])
+    VALUES ('orphan', @q, @k, NULL, N'unfinished jobs but no group row');
+END;
+SELECT [Kind], [Queue], [GroupKey], CAST([Version] AS varchar(20)) AS [Version], [Problem] FROM @found
+UNION ALL
+SELECT 'rows', @rowCursorQueue, @rowCursorKey, NULL, NULL
+UNION ALL
+SELECT 'orphans', CASE WHEN @walked >= @limit THEN @q END, CASE WHEN @walked >= @limit THEN @k END, NULL, NULL;`,
+
+    // @queue, @groupKey, @version (bigint; null for a group found without a row). The repair
+    // sweep's second look at one group findGroupProblems reported, a moment later, in its own
+    // transaction: a row is fixed only if it is unchanged since (its RowVersion; a transition
+    // that was under way when it was first read has changed it since) and not in use (UPDLOCK,
+    // READPAST), and still wrong by the jobs (read dirty, as the transitions read them). The fix
+    // is the state the transitions would have left: headed by the lowest unfinished job (held by
+    // its token if that job is leased), neither blocked nor held otherwise; a row with no
+    // unfinished job is deleted. A missing row is created under the group's lock (not waited
+    // for: a producer holding it is creating the row). Returns the problem fixed, or null.
+    repairGroup: `${MSSQL_STORE_SESSION}DECLARE @problem nvarchar(400), @seen bit = 0, @headId bigint, @held uniqueidentifier, @blocked bit;
+DECLARE @firstId bigint, @firstAt datetime2(3), @firstPriority int, @firstState varchar(8), @firstToken uniqueidentifier;
+DECLARE @lock int, @resource nvarchar(255);
+${atomically(`  IF @version IS NOT NULL
+    SELECT @seen = 1, @headId = [HeadId], @held = [HeldToken], @blocked = [Blocked]
+    FROM ${groups} WITH (UPDLOCK, READPAST, READCOMMITTEDLOCK)
+    WHERE [Queue] = @queue AND [GroupKey] = @groupKey AND CAST([RowVersion] AS bigint) = @version;
+  SELECT TOP (1) @firstId = [Id], @firstAt = [RunAt], @firstPriority = [Priority], @firstState = [State], @firstToken = [ClaimToken]
+  FROM ${jobs} WITH (READUNCOMMITTED)
+  WHERE [Queue] = @queue AND [GroupKey] = @groupKey AND ${UNFINISHED_GROUPED}
+  ORDER BY [Id];
+  IF @seen = 1
+  BEGIN
+    SELECT @problem = ${groupProblem(jobs, null, '@firstId')};
+    IF @problem IS NOT NULL AND @firstId IS NULL
+      DELETE FROM ${groups} WITH (ROWLOCK) WHERE [Queue] = @queue AND [GroupKey] = @groupKey;
+    ELSE IF @problem IS NOT NULL
+      UPDATE ${groups} WITH (ROWLOCK)
+      SET [HeldToken] = CASE WHEN @firstState = 'leased' THEN @firstToken END, [Blocked] = 0, [HeadId] = @firstId,
+          [HeadReadyAt] = @firstAt, [HeadPriority] = @firstPriority, [UpdatedAt] = SYSUTCDATETIME()
+      WHERE [Queue] = @queue AND [GroupKey] = @groupKey;
+  END
+  ELSE IF @version IS NULL AND @firstId IS NOT NULL
+    AND NOT EXISTS (SELECT 1 FROM ${groups} WITH (READUNCOMMITTED) WHERE [Queue] = @queue AND [GroupKey] = @groupKey)
+  BEGIN
+    SET @resource = ${groupLockResource(schema, '@queue', '@groupKey')};
+    EXEC @lock = sys.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0;
+    IF @lock >= 0 AND NOT EXISTS (SELECT 1 FROM ${groups} WITH (READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [GroupKey] = @groupKey)
+    BEGIN
+      INSERT INTO ${groups} WITH (ROWLOCK) ([Queue], [GroupKey], [HeadId], [HeadReadyAt], [HeadPriority], [HeldToken])
+      VALUES (@queue, @groupKey, @firstId, @firstAt, @firstPriority, CASE WHEN @firstState = 'leased' THEN @firstToken END);
+      SET @problem = CONCAT(N'unfinished jobs but no group row; created it with head ', @firstId);
+    END;
+  END;`)}
+SELECT @problem AS [Problem];`,
 
     ping: 'SELECT 1 AS [Ok];',
 
@@ -610,7 +1243,8 @@ SELECT @deleted AS [Deleted];`,
     // each queue's recent attempts are one range seek on it. READPAST, as in stats: a monitoring
     // read never queues behind a producer's open transaction; rows locked at that instant are
     // simply not counted.
-    // Waiting jobs (ready and delayed) count as ready when due, delayed when not, as in stats.
+    // Waiting jobs (ready and delayed, grouped ones behind their head too) count as ready when
+    // due, delayed when not, as in stats. Blocked groups per queue: IX_Groups_Blocked.
     // Failures: a waiting job has failed [Attempts] times, a leased one [Attempts] - 1 times.
     queueHealth: `${MSSQL_STORE_SESSION}DECLARE @now datetime2(3) = SYSUTCDATETIME();
 DECLARE @since datetime2(3) = DATEADD(millisecond, -CAST(@windowMs % 1000 AS int), DATEADD(second, -CAST(@windowMs / 1000 AS int), @now));
@@ -621,6 +1255,7 @@ DECLARE @leased TABLE (
   [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY, [Leased] bigint NOT NULL,
   [Expired] bigint NOT NULL, [Repeated] bigint NOT NULL);
 DECLARE @dead TABLE ([Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY, [Dead] bigint NOT NULL);
+DECLARE @blocked TABLE ([Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY, [Blocked] bigint NOT NULL);
 DECLARE @failures TABLE (
   [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY, [Failed] bigint NOT NULL,
   [LeaseExpired] bigint NOT NULL);
@@ -628,9 +1263,12 @@ INSERT INTO @ready ([Queue], [Ready], [Delayed], [Retrying], [Repeated], [Oldest
 SELECT [Queue], COUNT_BIG(CASE WHEN [RunAt] <= @now THEN 1 END), COUNT_BIG(CASE WHEN [RunAt] > @now THEN 1 END),
        COUNT_BIG(CASE WHEN [Attempts] > 0 THEN 1 END), COUNT_BIG(CASE WHEN [Attempts] >= @repeated THEN 1 END),
        MIN(CASE WHEN [RunAt] <= @now THEN [RunAt] END)
-FROM (SELECT [Queue], [RunAt], [Attempts] FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [State] = 'ready'
+FROM (SELECT [Queue], [RunAt], [Attempts] FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [State] = 'ready' AND [GroupKey] IS NULL
       UNION ALL
-      SELECT [Queue], [RunAt], [Attempts] FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [State] = 'delayed') AS w
+      SELECT [Queue], [RunAt], [Attempts] FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [State] = 'delayed' AND [GroupKey] IS NULL
+      UNION ALL
+      SELECT [Queue], [RunAt], [Attempts] FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
+      WHERE ${UNFINISHED_GROUPED} AND [State] <> 'leased') AS w
 GROUP BY [Queue];
 INSERT INTO @leased ([Queue], [Leased], [Expired], [Repeated])
 SELECT [Queue], COUNT_BIG(*), COUNT_BIG(CASE WHEN [LeaseUntil] < @now THEN 1 END), COUNT_BIG(CASE WHEN [Attempts] > @repeated THEN 1 END)
@@ -641,6 +1279,11 @@ INSERT INTO @dead ([Queue], [Dead])
 SELECT [Queue], COUNT_BIG(*)
 FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
 WHERE [State] = 'dead'
+GROUP BY [Queue];
+INSERT INTO @blocked ([Queue], [Blocked])
+SELECT [Queue], COUNT_BIG(*)
+FROM ${groups} WITH (READPAST, READCOMMITTEDLOCK)
+WHERE [Blocked] = 1
 GROUP BY [Queue];
 DECLARE @queue nvarchar(128) = (SELECT MIN([Queue]) FROM ${attempts} WITH (READPAST, READCOMMITTEDLOCK));
 WHILE @queue IS NOT NULL
@@ -654,14 +1297,16 @@ BEGIN
 END;
 SELECT q.[Queue], ISNULL(r.[Ready], 0) AS [Ready], ISNULL(r.[Delayed], 0) AS [Delayed], ISNULL(l.[Leased], 0) AS [Leased],
        ISNULL(l.[Expired], 0) AS [ExpiredLeases], ISNULL(d.[Dead], 0) AS [Dead], ISNULL(r.[Retrying], 0) AS [Retrying],
+       ISNULL(b.[Blocked], 0) AS [BlockedGroups],
        ISNULL(r.[Repeated], 0) + ISNULL(l.[Repeated], 0) AS [RepeatedlyFailing],
        ISNULL(f.[Failed], 0) AS [RecentFailures], ISNULL(f.[LeaseExpired], 0) AS [RecentLeaseExpiries],
        ISNULL(DATEDIFF_BIG(millisecond, r.[OldestDue], @now), 0) AS [OldestReadyAgeMs]
 FROM (SELECT [Queue] FROM @ready UNION SELECT [Queue] FROM @leased UNION SELECT [Queue] FROM @dead
-      UNION SELECT [Queue] FROM @failures) AS q
+      UNION SELECT [Queue] FROM @failures UNION SELECT [Queue] FROM @blocked) AS q
 LEFT JOIN @ready AS r ON r.[Queue] = q.[Queue]
 LEFT JOIN @leased AS l ON l.[Queue] = q.[Queue]
 LEFT JOIN @dead AS d ON d.[Queue] = q.[Queue]
+LEFT JOIN @blocked AS b ON b.[Queue] = q.[Queue]
 LEFT JOIN @failures AS f ON f.[Queue] = q.[Queue]
 ORDER BY q.[Queue];`,
   };

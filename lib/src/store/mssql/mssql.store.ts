@@ -4,6 +4,7 @@ import type { MigrationMode, QueueStore, SchemaStatus } from '../../core/queue-s
 import { assertSchemaVersion } from '../../core/schema-version.js';
 import type {
   AttemptRecord,
+  BlockedGroupPage,
   CleanupRequest,
   ClaimedJob,
   ClaimRequest,
@@ -12,6 +13,7 @@ import type {
   EnqueueResult,
   FailItem,
   FailResult,
+  GroupRepair,
   HeartbeatItem,
   HeartbeatResult,
   JobId,
@@ -66,6 +68,18 @@ const IDEMPOTENT_ENQUEUE_ROUNDS = 3;
 const DUPLICATE_KEY = new Set([2601, 2627]);
 /** Offsets are split into int seconds by the SQL, so this is the largest that fits (~68 years). */
 const MAX_OFFSET_MS = INT_MAX * 1000;
+/**
+ * The repair sweep looks at a group twice, this far apart, and fixes it only if its row did not
+ * change in between: a transition caught half-way (its job written, its group row not yet)
+ * looks like a fault for a moment, and is done long before the second look.
+ */
+const REPAIR_RECHECK_MS = 250;
+
+/** Where the repair sweep resumes: the last group it looked at, or null to start over. */
+interface SweepCursor {
+  queue: string;
+  key: string;
+}
 
 type Row = Record<string, unknown>;
 type Bind = (request: sql.Request) => void;
@@ -74,6 +88,9 @@ export class MssqlQueueStore implements QueueStore {
   readonly dialect = 'mssql';
   private readonly sql: MssqlQueries;
   private connecting: Promise<sql.ConnectionPool> | null = null;
+  /** The repair sweep's two cursors: over group rows, and over groups that have unfinished jobs. */
+  private rowSweep: SweepCursor | null = null;
+  private orphanSweep: SweepCursor | null = null;
 
   constructor(
     private readonly pool: sql.ConnectionPool,
@@ -146,19 +163,21 @@ export class MssqlQueueStore implements QueueStore {
     if (jobs.length === 0) return [];
     const callerTransaction = transaction === undefined ? null : asCallerTransaction(transaction);
     const keyed = jobs.some((job) => job.idempotencyKey !== null);
+    // Jobs without a group key keep the statements they always had (and their cost).
+    const grouped = jobs.some((job) => job.groupKey !== null);
     for (let round = 1; ; round++) {
       try {
         const rows =
           jobs.length === 1
             ? (
                 await this.run<{ Id: string; Created: boolean }>(
-                  'enqueueOne',
+                  grouped ? 'enqueueOneGrouped' : 'enqueueOne',
                   (request) => bindOne(jobs[0]!)(request.input('inTransaction', sql.Bit, callerTransaction !== null)),
                   callerTransaction,
                 )
               ).map((row) => ({ ...row, Ord: 0 }))
             : await this.run<{ Ord: number; Id: string; Created: boolean }>(
-                'enqueueMany',
+                grouped ? 'enqueueManyGrouped' : 'enqueueMany',
                 (request) =>
                   request
                     .input('jobs', this.jobInputTable(jobs))
@@ -170,7 +189,10 @@ export class MssqlQueueStore implements QueueStore {
         return results;
       } catch (error) {
         const duplicateKey = DUPLICATE_KEY.has(errorNumber(error) ?? 0);
-        if (!duplicateKey || !keyed || callerTransaction || round >= IDEMPOTENT_ENQUEUE_ROUNDS) throw error;
+        // A group row is created under the group's application lock, so a duplicate on it would
+        // also come only from a writer that does not take it.
+        if (!duplicateKey || !(keyed || grouped) || callerTransaction || round >= IDEMPOTENT_ENQUEUE_ROUNDS)
+          throw error;
       }
     }
   }
@@ -208,7 +230,10 @@ export class MssqlQueueStore implements QueueStore {
   async recordQueueSettings(settings: readonly QueueSetting[]): Promise<void> {
     for (const setting of settingsByQueue(settings)) {
       await this.run('recordQueueSetting', (request) =>
-        request.input('queue', sql.NVarChar(128), setting.queue).input('maxAttempts', sql.Int, setting.maxAttempts),
+        request
+          .input('queue', sql.NVarChar(128), setting.queue)
+          .input('maxAttempts', sql.Int, setting.maxAttempts)
+          .input('groupOnDead', sql.VarChar(8), setting.groupOnDead),
       );
     }
   }
@@ -226,6 +251,7 @@ export class MssqlQueueStore implements QueueStore {
       r
         .input('queue', sql.NVarChar(128), request.queue)
         .input('limit', sql.Int, request.limit)
+        .input('groupBatchSize', sql.Int, Math.max(1, Math.min(request.groupBatchSize ?? 1, INT_MAX)))
         .input('leaseMs', sql.Int, Math.min(request.leaseMs, INT_MAX))
         .input('workerId', sql.NVarChar(255), request.workerId),
     );
@@ -315,13 +341,60 @@ export class MssqlQueueStore implements QueueStore {
     return rows.map((row) => ({ id: row.Id, queue: row.Queue, state: row.State, attempt: Number(row.Attempt) }));
   }
 
-  // TEMPORARY (ordered groups on SQL Server are being written): replaced before this lands.
-  listBlockedGroups(): Promise<import('../../core/types.js').BlockedGroupPage> {
-    return Promise.reject(new Error('ordered groups: not yet on SQL Server'));
+  async listBlockedGroups(queue: string, page: { limit: number; afterKey?: string | null }): Promise<BlockedGroupPage> {
+    const rows = await this.run<{ GroupKey: string; JobId: string; LastError: string | null; FinishedAt: Date | null }>(
+      'listBlockedGroups',
+      (r) =>
+        r
+          .input('queue', sql.NVarChar(128), queue)
+          .input('afterKey', sql.NVarChar(255), page.afterKey ?? null)
+          .input('limit', sql.Int, page.limit),
+    );
+    const groups = rows.map((row) => ({
+      groupKey: row.GroupKey,
+      jobId: row.JobId,
+      error: row.LastError ?? null,
+      diedAt: row.FinishedAt ?? null,
+    }));
+    return { groups, nextAfterKey: groups.length === page.limit ? groups[groups.length - 1]!.groupKey : null };
   }
 
-  repairGroups(): Promise<import('../../core/types.js').GroupRepair[]> {
-    return Promise.resolve([]);
+  /**
+   * The repair sweep (see findGroupProblems and repairGroup in mssql.queries.ts): one look at up
+   * to `limit` group rows and `limit` groups with unfinished jobs, resuming where the last call
+   * stopped; then, for what looked wrong, a second look a moment later that fixes only a group
+   * whose row did not change in between. Normal operation leaves nothing to fix.
+   */
+  async repairGroups(limit: number): Promise<GroupRepair[]> {
+    type Found = { Kind: string; Queue: string | null; GroupKey: string | null; Version: string | null };
+    const rows = await this.run<Found>('findGroupProblems', (r) =>
+      r
+        .input('rowQueue', sql.NVarChar(128), this.rowSweep?.queue ?? null)
+        .input('rowKey', sql.NVarChar(255), this.rowSweep?.key ?? null)
+        .input('orphanQueue', sql.NVarChar(128), this.orphanSweep?.queue ?? null)
+        .input('orphanKey', sql.NVarChar(255), this.orphanSweep?.key ?? null)
+        .input('limit', sql.Int, Math.max(1, Math.min(Math.floor(limit), INT_MAX))),
+    );
+    const cursor = (kind: string): SweepCursor | null => {
+      const row = rows.find((r) => r.Kind === kind);
+      return row?.Queue != null && row.GroupKey != null ? { queue: row.Queue, key: row.GroupKey } : null;
+    };
+    this.rowSweep = cursor('rows');
+    this.orphanSweep = cursor('orphans');
+    const suspects = rows.filter((r) => (r.Kind === 'row' || r.Kind === 'orphan') && r.Queue && r.GroupKey);
+    if (suspects.length === 0) return [];
+    await new Promise((resolve) => setTimeout(resolve, REPAIR_RECHECK_MS));
+    const repairs: GroupRepair[] = [];
+    for (const suspect of suspects) {
+      const [fixed] = await this.run<{ Problem: string | null }>('repairGroup', (r) =>
+        r
+          .input('queue', sql.NVarChar(128), suspect.Queue)
+          .input('groupKey', sql.NVarChar(255), suspect.GroupKey)
+          .input('version', sql.BigInt, suspect.Kind === 'row' ? suspect.Version : null),
+      );
+      if (fixed?.Problem) repairs.push({ queue: suspect.Queue!, groupKey: suspect.GroupKey!, problem: fixed.Problem });
+    }
+    return repairs;
   }
 
   async hasClaimableWork(queue: string): Promise<boolean> {
@@ -565,7 +638,7 @@ function toQueueStats(queue: string, row: Record<string, unknown>): QueueStats {
     expiredLeases: Number(row.ExpiredLeases),
     dead: Number(row.Dead),
     retrying: Number(row.Retrying),
-    blockedGroups: Number(row.BlockedGroups ?? 0),
+    blockedGroups: Number(row.BlockedGroups),
     oldestReadyAgeMs: Math.max(0, Number(row.OldestReadyAgeMs ?? 0)),
   };
 }
