@@ -1,5 +1,5 @@
 import sql from 'mssql';
-import { describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import { SqlQueueTransactionError } from '../../lib/src/core/errors.js';
 import { prepareJob } from '../../lib/src/core/validation.js';
 import { MSSQL_OPEN_TRANSACTION, mssqlQueries } from '../../lib/src/store/mssql/mssql.queries.js';
@@ -165,5 +165,150 @@ describe('MssqlQueueStore keyed enqueue in autocommit (issue 10, C4)', () => {
       { jobId: '7', created: false },
     ]);
     expect(sent).toHaveLength(2);
+  });
+});
+
+describe('MssqlQueueStore ordered groups (issue 11)', () => {
+  const LIMITS = { maxPayloadBytes: 1024, defaultMaxAttempts: 3 };
+  const plain = () => prepareJob('mail', {}, {}, LIMITS);
+  const grouped = (groupKey = 'order-1') => prepareJob('mail', {}, { groupKey }, LIMITS);
+
+  afterEach(() => {
+    vi.useRealTimers();
+  });
+
+  it('sends the grouped enqueue statements only when a job has a group key (ungrouped ones keep theirs)', async () => {
+    const { store, sent } = scriptedStore(({ name }) =>
+      name.startsWith('enqueueOne')
+        ? [{ Id: '1', Created: true }]
+        : [
+            { Ord: 0, Id: '1', Created: true },
+            { Ord: 1, Id: '2', Created: true },
+          ],
+    );
+    await store.enqueue([plain()]);
+    await store.enqueue([grouped()]);
+    await store.enqueue([plain(), grouped()]);
+    await store.enqueue([plain(), plain()]);
+    expect(sent.map((s) => s.name)).toEqual(['enqueueOne', 'enqueueOneGrouped', 'enqueueManyGrouped', 'enqueueMany']);
+    expect(sent[1]!.inputs.groupKey).toBe('order-1');
+  });
+
+  it('runs a grouped enqueue again after a duplicate key in autocommit (a writer that does not take the group lock)', async () => {
+    const { store, sent } = scriptedStore(() => {
+      if (sent.length === 1) throw serverError(2627, "Violation of PRIMARY KEY constraint 'PK_Groups'");
+      return [{ Id: '5', Created: true }];
+    });
+    expect(await store.enqueue([grouped()])).toEqual([{ jobId: '5', created: true }]);
+    expect(sent.map((s) => s.name)).toEqual(['enqueueOneGrouped', 'enqueueOneGrouped']);
+  });
+
+  it('binds the group batch size of a claim and the groupOnDead of a queue setting', async () => {
+    const { store, sent } = scriptedStore(() => []);
+    await store.claim({ queue: 'mail', limit: 4, groupBatchSize: 25, leaseMs: 1000, workerId: 'w' });
+    await store.recordQueueSettings([{ queue: 'mail', maxAttempts: 3, groupOnDead: 'block' }]);
+    expect(sent.map((s) => [s.name, s.inputs.limit, s.inputs.groupBatchSize, s.inputs.groupOnDead])).toEqual([
+      ['claim', 4, 25, undefined],
+      ['recordQueueSetting', undefined, undefined, 'block'],
+    ]);
+  });
+
+  it('pages blocked groups by key: a next key only after a full page', async () => {
+    const rows = ['a', 'b', 'c'].map((key, i) => ({
+      GroupKey: key,
+      JobId: String(i + 1),
+      LastError: 'boom',
+      FinishedAt: new Date(0),
+    }));
+    const { store, sent } = scriptedStore(({ inputs }) =>
+      rows.filter((r) => r.GroupKey > String(inputs.afterKey ?? '')).slice(0, Number(inputs.limit)),
+    );
+    const first = await store.listBlockedGroups('mail', { limit: 2 });
+    expect(first.groups.map((g) => [g.groupKey, g.jobId, g.error])).toEqual([
+      ['a', '1', 'boom'],
+      ['b', '2', 'boom'],
+    ]);
+    expect(first.nextAfterKey).toBe('b');
+    const second = await store.listBlockedGroups('mail', { limit: 2, afterKey: first.nextAfterKey });
+    expect(second).toEqual({
+      groups: [{ groupKey: 'c', jobId: '3', error: 'boom', diedAt: new Date(0) }],
+      nextAfterKey: null,
+    });
+    expect(sent.map((s) => s.inputs.afterKey)).toEqual([null, 'b']);
+  });
+
+  const cursors = (rows: string | null, orphans: string | null) => [
+    { Kind: 'rows', Queue: rows && 'mail', GroupKey: rows, Version: null, Problem: null },
+    { Kind: 'orphans', Queue: orphans && 'mail', GroupKey: orphans, Version: null, Problem: null },
+  ];
+
+  it('repairGroups with nothing found sends one statement, and resumes from the cursors it returned', async () => {
+    const { store, sent } = scriptedStore(({ name }) => (name === 'findGroupProblems' ? cursors('g-9', null) : []));
+    expect(await store.repairGroups(100)).toEqual([]);
+    expect(await store.repairGroups(100)).toEqual([]);
+    expect(sent.map((s) => [s.name, s.inputs.rowQueue, s.inputs.rowKey, s.inputs.orphanKey, s.inputs.limit])).toEqual([
+      ['findGroupProblems', null, null, null, 100],
+      ['findGroupProblems', 'mail', 'g-9', null, 100],
+    ]);
+  });
+
+  it('repairGroups looks again at what it found, a moment later, and reports only what it fixed', async () => {
+    vi.useFakeTimers();
+    const { store, sent } = scriptedStore(({ name, inputs }) => {
+      if (name === 'findGroupProblems')
+        return [
+          {
+            Kind: 'row',
+            Queue: 'mail',
+            GroupKey: 'a',
+            Version: '77',
+            Problem: 'head 3 is not the first unfinished job 2',
+          },
+          { Kind: 'row', Queue: 'mail', GroupKey: 'b', Version: '78', Problem: 'held by token x' },
+          { Kind: 'orphan', Queue: 'mail', GroupKey: 'c', Version: null, Problem: 'unfinished jobs but no group row' },
+          ...cursors(null, null),
+        ];
+      // b changed in between (a transition was under way): not fixed, not reported.
+      const fixed: Record<string, string | null> = {
+        a: 'head 3 is not the first unfinished job 2',
+        b: null,
+        c: 'unfinished jobs but no group row; created it with head 9',
+      };
+      return [{ Problem: fixed[String(inputs.groupKey)] }];
+    });
+    const repairing = store.repairGroups(10);
+    await vi.advanceTimersByTimeAsync(0);
+    expect(sent.map((s) => s.name)).toEqual(['findGroupProblems']);
+    await vi.advanceTimersByTimeAsync(250);
+    expect(await repairing).toEqual([
+      { queue: 'mail', groupKey: 'a', problem: 'head 3 is not the first unfinished job 2' },
+      { queue: 'mail', groupKey: 'c', problem: 'unfinished jobs but no group row; created it with head 9' },
+    ]);
+    expect(sent.slice(1).map((s) => [s.name, s.inputs.groupKey, s.inputs.version])).toEqual([
+      ['repairGroup', 'a', '77'],
+      ['repairGroup', 'b', '78'],
+      ['repairGroup', 'c', null],
+    ]);
+  });
+
+  it('stats and queue health report blocked groups', async () => {
+    const figures = {
+      Ready: '1',
+      Delayed: '0',
+      Leased: '0',
+      ExpiredLeases: '0',
+      Dead: '1',
+      Retrying: '0',
+      BlockedGroups: '1',
+      OldestReadyAgeMs: '5',
+    };
+    const { store } = scriptedStore(({ name }) =>
+      name === 'stats'
+        ? [figures]
+        : [{ ...figures, Queue: 'mail', RecentFailures: '1', RecentLeaseExpiries: '0', RepeatedlyFailing: '0' }],
+    );
+    expect((await store.stats('mail')).blockedGroups).toBe(1);
+    const [health] = await store.queueHealth({ failureWindowMs: 1000, repeatedFailures: 3 });
+    expect(health!.blockedGroups).toBe(1);
   });
 });
