@@ -1023,5 +1023,471 @@ export function describeStoreContract(target: StoreTarget): void {
         );
       });
     });
+
+    describe('ordered groups', () => {
+      const HOUR = 3_600_000;
+
+      function units(queue: string, limit: number, groupBatchSize = 1, leaseMs = 60_000): Promise<ClaimedJob[]> {
+        return store.claim({ queue, limit, groupBatchSize, leaseMs, workerId: WORKER });
+      }
+
+      async function enqueueIds(jobs: NewJob[], transaction?: unknown): Promise<string[]> {
+        return (await store.enqueue(jobs, transaction)).map((r) => r.jobId);
+      }
+
+      const idsOf = (jobs: readonly { id: string }[]) => jobs.map((j) => j.id);
+      const owned = (jobs: readonly ClaimedJob[]) => jobs.map(({ id, claimToken }) => ({ id, claimToken }));
+      const sortIds = (ids: readonly string[]) => [...ids].sort((a, b) => Number(BigInt(a) - BigInt(b)));
+      const grouped = (queue: string, groupKey: string, payload: unknown = {}, options: EnqueueOptions = {}) =>
+        job(queue, payload, { ...options, groupKey });
+
+      /** The cached group state of the queue agrees with its jobs: the repair sweep finds nothing. */
+      async function expectNothingToRepair(queue: string): Promise<void> {
+        // Twice: a sweep resumes where the last one stopped, and may start mid-way.
+        const repairs = [...(await store.repairGroups(10_000)), ...(await store.repairGroups(10_000))];
+        expect(repairs.filter((r) => r.queue === queue)).toEqual([]);
+      }
+
+      it('runs one group in id order, one job at a time: a claim returns only the head, the next after completion', async () => {
+        const queue = newQueue('grp-order');
+        // Every enqueue path: one job, a uniform bulk (one group, no keys), a mixed bulk.
+        const expected = [
+          ...(await enqueueIds([grouped(queue, 'g', { n: 1 })])),
+          ...(await enqueueIds([grouped(queue, 'g', { n: 2 }), grouped(queue, 'g', { n: 3 })])),
+          ...(await enqueueIds([
+            grouped(queue, 'g', { n: 4 }, { idempotencyKey: 'g-4' }),
+            // A later job of higher priority does not overtake the ones before it in its group.
+            grouped(queue, 'g', { n: 5 }, { priority: 9 }),
+          ])),
+        ];
+        for (const id of expected) {
+          const claimed = await units(queue, 10);
+          expect(idsOf(claimed)).toEqual([id]);
+          expect(claimed[0]!.groupKey).toBe('g');
+          // Held: nothing more of the group, however many units are asked for.
+          expect(await units(queue, 10, 5)).toEqual([]);
+          expect(await store.hasClaimableWork(queue)).toBe(false);
+          expect(await store.complete(owned(claimed))).toEqual([{ id, outcome: 'ok' }]);
+        }
+        expect(await units(queue, 10)).toEqual([]);
+        expect(await store.stats(queue)).toMatchObject({ ready: 0, delayed: 0, leased: 0, blockedGroups: 0 });
+        await expectNothingToRepair(queue);
+      });
+
+      it('claims the heads of different groups together; ungrouped jobs in the queue are claimed as before', async () => {
+        const queue = newQueue('grp-many');
+        const [a1, b1, a2, u1, b2, c1, u2] = await enqueueIds([
+          grouped(queue, 'a', { k: 'a1' }),
+          grouped(queue, 'b', { k: 'b1' }),
+          grouped(queue, 'a', { k: 'a2' }),
+          job(queue, { k: 'u1' }),
+          grouped(queue, 'b', { k: 'b2' }),
+          grouped(queue, 'c', { k: 'c1' }),
+          job(queue, { k: 'u2' }),
+        ]);
+        const first = await units(queue, 10);
+        expect(sortIds(idsOf(first))).toEqual(sortIds([a1!, b1!, c1!, u1!, u2!]));
+        expect(new Set(first.map((c) => c.claimToken)).size).toBe(5);
+        // Ungrouped jobs hold no group: another one is claimable at once, several at a time.
+        const [u3, u4] = await enqueueIds([job(queue, { k: 'u3' }), job(queue, { k: 'u4' })]);
+        expect(sortIds(idsOf(await units(queue, 10)))).toEqual([u3, u4]);
+        // Completing a's head frees a (only a).
+        await store.complete(owned(first.filter((c) => c.id === a1)));
+        const second = await units(queue, 10);
+        expect(idsOf(second)).toEqual([a2]);
+        await store.complete(owned(first.filter((c) => c.id === b1)));
+        expect(idsOf(await units(queue, 10))).toEqual([b2]);
+        await expectNothingToRepair(queue);
+      });
+
+      it('a group whose first job is not due yet waits for it: the ready job behind it does not overtake', async () => {
+        const queue = newQueue('grp-delayed');
+        const [d1] = await enqueueIds([grouped(queue, 'g', { n: 1 }, { delayMs: 300 })]);
+        const [d2] = await enqueueIds([grouped(queue, 'g', { n: 2 })]);
+        const claimed = await waitFor(
+          () => units(queue, 10),
+          (c) => c.length > 0,
+          { what: 'the delayed head of the group' },
+        );
+        expect(idsOf(claimed)).toEqual([d1]);
+        expect(claimed[0]!.claimedAt.getTime()).toBeGreaterThanOrEqual((await store.getJob(d1!))!.runAt.getTime());
+        await store.complete(owned(claimed));
+        expect(idsOf(await units(queue, 10))).toEqual([d2]);
+        await expectNothingToRepair(queue);
+      });
+
+      it('claims the heads of groups in priority order', async () => {
+        const queue = newQueue('grp-prio');
+        const [low] = await enqueueIds([grouped(queue, 'low', {}, { priority: -1 })]);
+        const [normal] = await enqueueIds([grouped(queue, 'normal', {})]);
+        const [high] = await enqueueIds([grouped(queue, 'high', {}, { priority: 7 })]);
+        const order: string[] = [];
+        for (let i = 0; i < 3; i++) order.push(...idsOf(await units(queue, 1)));
+        expect(order).toEqual([high, normal, low]);
+      });
+
+      it('a job waiting for its retry keeps its place: the next job of the group waits until it completes', async () => {
+        const queue = newQueue('grp-retry');
+        const [j1, j2] = await enqueueIds([
+          grouped(queue, 'g', { n: 1 }, { maxAttempts: 5 }),
+          grouped(queue, 'g', { n: 2 }),
+        ]);
+        const first = await units(queue, 10);
+        expect(idsOf(first)).toEqual([j1]);
+        // Retried at once: the same job comes back, not the next one.
+        expect(await store.fail([failure(first[0]!, 'again')])).toEqual([{ id: j1, outcome: 'ok', state: 'ready' }]);
+        const second = await units(queue, 10);
+        expect(second.map((c) => [c.id, c.attempt])).toEqual([[j1, 2]]);
+        // Retried after a backoff: it waits as delayed, and still holds the group's place.
+        expect(await store.fail([failure(second[0]!, 'later', { retryDelayMs: 400 })])).toEqual([
+          { id: j1, outcome: 'ok', state: 'delayed' },
+        ]);
+        expect(await store.stats(queue)).toMatchObject({ leased: 0, retrying: 1 });
+        const third = await waitFor(
+          async () => {
+            const claimed = await units(queue, 10);
+            // Every claim before the retry is due comes back empty: j2 never overtakes it.
+            expect(idsOf(claimed)).not.toContain(j2);
+            return claimed;
+          },
+          (c) => c.length > 0,
+          { what: 'the retry after its backoff' },
+        );
+        expect(third.map((c) => [c.id, c.attempt])).toEqual([[j1, 3]]);
+        expect(await units(queue, 10)).toEqual([]);
+        await store.complete(owned(third));
+        expect(idsOf(await units(queue, 10))).toEqual([j2]);
+        await expectNothingToRepair(queue);
+      });
+
+      it('release gives the head back: it comes next, its attempt not counted; a heartbeat leaves the group as it is', async () => {
+        const queue = newQueue('grp-release');
+        const [j1, j2] = await enqueueIds([grouped(queue, 'g', { n: 1 }), grouped(queue, 'g', { n: 2 })]);
+        const first = await units(queue, 10);
+        const [beat] = await store.heartbeat([
+          { id: j1!, claimToken: first[0]!.claimToken, leaseMs: 60_000, maxDurationMs: null },
+        ]);
+        expect(beat!.outcome).toBe('ok');
+        expect(await units(queue, 10)).toEqual([]);
+        expect(await store.release(owned(first))).toEqual([{ id: j1, outcome: 'ok' }]);
+        const again = await units(queue, 10);
+        expect(again.map((c) => [c.id, c.attempt])).toEqual([[j1, 1]]);
+        await store.complete(owned(again));
+        expect(idsOf(await units(queue, 10))).toEqual([j2]);
+      });
+
+      it("an expired lease is reaped back to the group's head: the same job comes next, and the stale token is refused", async () => {
+        const queue = newQueue('grp-reap');
+        const [j1, j2] = await enqueueIds([grouped(queue, 'g', { n: 1 }), grouped(queue, 'g', { n: 2 })]);
+        const [stale] = await units(queue, 10, 1, 1);
+        expect(stale!.id).toBe(j1);
+        await reapUntil(queue, j1!);
+        const again = await units(queue, 10);
+        expect(again.map((c) => [c.id, c.attempt])).toEqual([[j1, 2]]);
+        const old = { id: j1!, claimToken: stale!.claimToken };
+        expect(await store.complete([old])).toEqual([{ id: j1, outcome: 'lost' }]);
+        expect(await store.fail([failure(old, 'stale')])).toEqual([{ id: j1, outcome: 'lost', state: null }]);
+        expect(await store.release([old])).toEqual([{ id: j1, outcome: 'lost' }]);
+        expect(await store.heartbeat([{ ...old, leaseMs: 60_000, maxDurationMs: null }])).toEqual([
+          { id: j1, outcome: 'lost', leaseUntil: null },
+        ]);
+        // The stale writes moved nothing: the group is still held by the new owner.
+        expect(await units(queue, 10)).toEqual([]);
+        expect(await store.complete(owned(again))).toEqual([{ id: j1, outcome: 'ok' }]);
+        expect(idsOf(await units(queue, 10))).toEqual([j2]);
+        await expectNothingToRepair(queue);
+      });
+
+      it('the reaper returns a whole group batch whose lease expired; the batch comes back in order', async () => {
+        const queue = newQueue('grp-reapbatch');
+        const ids = await enqueueIds([1, 2, 3].map((n) => grouped(queue, 'g', { n })));
+        const batch = await units(queue, 1, 2, 1);
+        expect(idsOf(batch)).toEqual(ids.slice(0, 2));
+        await reapUntil(queue, ids[0]!);
+        await waitFor(
+          () => store.getJob(ids[1]!),
+          (record) => record?.state === 'ready',
+          { what: 'the second job of the expired batch to be returned too' },
+        );
+        const again = await units(queue, 10, 3);
+        expect(idsOf(again)).toEqual(ids);
+        expect(new Set(again.map((c) => c.claimToken)).size).toBe(1);
+        expect(again[0]!.claimToken).not.toBe(batch[0]!.claimToken);
+        expect(await store.complete(owned(batch))).toEqual(batch.map((c) => ({ id: c.id, outcome: 'lost' })));
+      });
+
+      it("groupOnDead 'continue' (the default): the next job runs after one dies, by failure or lease expiry", async () => {
+        const queue = newQueue('grp-continue');
+        const [j1, j2, j3, j4] = await enqueueIds([
+          grouped(queue, 'g', { n: 1 }, { maxAttempts: 1 }),
+          grouped(queue, 'g', { n: 2 }),
+          grouped(queue, 'g', { n: 3 }, { maxAttempts: 1 }),
+          grouped(queue, 'g', { n: 4 }),
+        ]);
+        const first = await units(queue, 10);
+        expect(await store.fail([failure(first[0]!, 'boom')])).toEqual([{ id: j1, outcome: 'ok', state: 'dead' }]);
+        const second = await units(queue, 10);
+        expect(idsOf(second)).toEqual([j2]);
+        await store.complete(owned(second));
+        // Recorded explicitly now, and the death comes from the reaper.
+        await store.recordQueueSettings([{ queue, maxAttempts: 3, groupOnDead: 'continue' }]);
+        const third = await units(queue, 10, 1, 1);
+        expect(idsOf(third)).toEqual([j3]);
+        await reapUntil(queue, j3!);
+        expect((await store.getJob(j3!))!.state).toBe('dead');
+        expect(idsOf(await units(queue, 10))).toEqual([j4]);
+        expect(await store.stats(queue)).toMatchObject({ dead: 2, blockedGroups: 0 });
+        expect(await store.listBlockedGroups(queue, { limit: 10 })).toEqual({ groups: [], nextAfterKey: null });
+        await expectNothingToRepair(queue);
+      });
+
+      it("groupOnDead 'block': a dead job stops its group (counted, listed with its id) until retried; the retried job runs first", async () => {
+        const queue = newQueue('grp-block');
+        await store.recordQueueSettings([{ queue, maxAttempts: 3, groupOnDead: 'block' }]);
+        const [a1, a2, b1, b2] = await enqueueIds([
+          grouped(queue, 'a', { k: 'a1' }, { maxAttempts: 1 }),
+          grouped(queue, 'a', { k: 'a2' }),
+          grouped(queue, 'b', { k: 'b1' }),
+          grouped(queue, 'b', { k: 'b2' }),
+        ]);
+        const heads = await units(queue, 10);
+        expect(sortIds(idsOf(heads))).toEqual([a1, b1]);
+        expect(
+          await store.fail([
+            failure(
+              heads.find((h) => h.id === a1)!,
+              'poison',
+            ),
+          ]),
+        ).toEqual([{ id: a1, outcome: 'ok', state: 'dead' }]);
+        await store.complete(owned(heads.filter((h) => h.id === b1)));
+        // b goes on; a is stopped: a2 is never claimed.
+        const next = await units(queue, 10);
+        expect(idsOf(next)).toEqual([b2]);
+        await store.complete(owned(next));
+        expect(await units(queue, 10)).toEqual([]);
+        expect(await store.hasClaimableWork(queue)).toBe(false);
+        expect(await store.stats(queue)).toMatchObject({ ready: 1, dead: 1, blockedGroups: 1 });
+        const health = (await store.queueHealth({ failureWindowMs: HOUR, repeatedFailures: 3 })).find(
+          (q) => q.queue === queue,
+        );
+        expect(health?.blockedGroups).toBe(1);
+        const page = await store.listBlockedGroups(queue, { limit: 10 });
+        expect(page).toEqual({
+          groups: [{ groupKey: 'a', jobId: a1, error: 'poison', diedAt: expect.any(Date) }],
+          nextAfterKey: null,
+        });
+        expect(page.groups[0]!.diedAt!.getTime()).toBe((await store.getJob(a1!))!.finishedAt!.getTime());
+        await expectNothingToRepair(queue);
+
+        // Retrying the dead job releases the group, and it runs before the job behind it.
+        expect(await store.retryDead(queue, [a1!])).toEqual([a1]);
+        expect((await store.stats(queue)).blockedGroups).toBe(0);
+        expect(await store.listBlockedGroups(queue, { limit: 10 })).toEqual({ groups: [], nextAfterKey: null });
+        const retried = await units(queue, 10);
+        expect(retried.map((c) => [c.id, c.attempt])).toEqual([[a1, 1]]);
+        await store.complete(owned(retried));
+        expect(idsOf(await units(queue, 10))).toEqual([a2]);
+        await expectNothingToRepair(queue);
+      });
+
+      it("groupOnDead 'block': blocked groups page by key; a death by lease expiry blocks too; purging the dead jobs releases them", async () => {
+        const queue = newQueue('grp-purge');
+        await store.recordQueueSettings([{ queue, maxAttempts: 3, groupOnDead: 'block' }]);
+        // c dies through the reaper; b and a through failures (given out of key order).
+        const [c1, c2] = await enqueueIds([grouped(queue, 'c', {}, { maxAttempts: 1 }), grouped(queue, 'c', {})]);
+        expect(idsOf(await units(queue, 10, 1, 1))).toEqual([c1]);
+        await reapUntil(queue, c1!);
+        const [b1, b2, a1, a2] = await enqueueIds([
+          grouped(queue, 'b', {}, { maxAttempts: 1 }),
+          grouped(queue, 'b', {}),
+          grouped(queue, 'a', {}, { maxAttempts: 1 }),
+          grouped(queue, 'a', {}),
+        ]);
+        const heads = await units(queue, 10);
+        expect(sortIds(idsOf(heads))).toEqual([b1, a1]);
+        await store.fail(heads.map((h) => failure(h, `dies ${h.id}`)));
+        expect(await units(queue, 10)).toEqual([]);
+        expect((await store.stats(queue)).blockedGroups).toBe(3);
+
+        const page1 = await store.listBlockedGroups(queue, { limit: 2 });
+        expect(page1.groups.map((g) => [g.groupKey, g.jobId])).toEqual([
+          ['a', a1],
+          ['b', b1],
+        ]);
+        expect(page1.nextAfterKey).toBe('b');
+        const page2 = await store.listBlockedGroups(queue, { limit: 2, afterKey: page1.nextAfterKey });
+        expect(page2.groups.map((g) => [g.groupKey, g.jobId])).toEqual([['c', c1]]);
+        expect(page2.groups[0]!.error).toMatch(/lease expired/);
+        expect(page2.nextAfterKey).toBeNull();
+
+        expect(await store.purgeDead(queue)).toBe(3);
+        expect((await store.stats(queue)).blockedGroups).toBe(0);
+        expect(await store.listBlockedGroups(queue, { limit: 10 })).toEqual({ groups: [], nextAfterKey: null });
+        expect(sortIds(idsOf(await units(queue, 10)))).toEqual(sortIds([c2!, b2!, a2!]));
+        await expectNothingToRepair(queue);
+      });
+
+      it('a group batch leases the head and the following due jobs under one token, in id order; a job not due yet ends it', async () => {
+        const queue = newQueue('grp-batch');
+        const [r1, r2, d3] = await enqueueIds([
+          grouped(queue, 'g', { n: 1 }, { maxAttempts: 5 }),
+          grouped(queue, 'g', { n: 2 }),
+          grouped(queue, 'g', { n: 3 }, { delayMs: HOUR }),
+        ]);
+        await enqueueIds([grouped(queue, 'g', { n: 4 })]);
+        const batch = await units(queue, 1, 3);
+        expect(idsOf(batch)).toEqual([r1, r2]);
+        expect(new Set(batch.map((c) => c.claimToken)).size).toBe(1);
+        expect(await units(queue, 10, 3)).toEqual([]);
+        // A failure of the first gives the second back: ready again, its attempt not counted.
+        expect(await store.fail([failure(batch[0]!, 'first failed')])).toEqual([
+          { id: r1, outcome: 'ok', state: 'ready' },
+        ]);
+        expect(await store.getJob(r2!)).toMatchObject({ state: 'ready', attempts: 0, claimToken: null });
+        expect(await store.complete(owned(batch.slice(1)))).toEqual([{ id: r2, outcome: 'lost' }]);
+        const again = await units(queue, 1, 3);
+        expect(again.map((c) => [c.id, c.attempt])).toEqual([
+          [r1, 2],
+          [r2, 1],
+        ]);
+        // The first done, the group stays held for the second (same token).
+        expect(await store.complete(owned(again.slice(0, 1)))).toEqual([{ id: r1, outcome: 'ok' }]);
+        expect(await units(queue, 10, 3)).toEqual([]);
+        expect(await store.complete(owned(again.slice(1)))).toEqual([{ id: r2, outcome: 'ok' }]);
+        // The job not due yet is the head now: the ready job behind it does not overtake it.
+        expect(await units(queue, 10, 3)).toEqual([]);
+        expect((await store.getJob(d3!))!.state).toBe('delayed');
+        await expectNothingToRepair(queue);
+      });
+
+      it('`limit` counts units: a group batch is one unit, an ungrouped job is one', async () => {
+        const queue = newQueue('grp-units');
+        const byGroup = new Map<string | null, string[]>();
+        for (const key of ['g1', 'g2', 'g3']) {
+          byGroup.set(key, await enqueueIds([1, 2, 3].map((n) => grouped(queue, key, { n }))));
+        }
+        byGroup.set(null, await enqueueIds([job(queue, { u: 1 }), job(queue, { u: 2 })]));
+        /** The claim as units: runs of one token, each one group's consecutive jobs or one ungrouped job. */
+        const unitsOf = (claimed: ClaimedJob[]) => {
+          const runs: ClaimedJob[][] = [];
+          for (const c of claimed) {
+            const last = runs[runs.length - 1];
+            if (last && last[0]!.claimToken === c.claimToken) last.push(c);
+            else runs.push([c]);
+          }
+          expect(new Set(runs.map((r) => r[0]!.claimToken)).size).toBe(runs.length);
+          for (const run of runs) {
+            const key = run[0]!.groupKey;
+            expect(run.every((c) => c.groupKey === key)).toBe(true);
+            if (key === null) expect(run).toHaveLength(1);
+            else expect(idsOf(run)).toEqual(byGroup.get(key));
+          }
+          return runs;
+        };
+        const first = unitsOf(await units(queue, 2, 3));
+        expect(first).toHaveLength(2);
+        const rest = unitsOf(await units(queue, 10, 3));
+        expect(rest).toHaveLength(3);
+        const all = [...first, ...rest].flat();
+        expect(sortIds(idsOf(all))).toEqual(sortIds([...byGroup.values()].flat()));
+      });
+
+      it('a rolled-back enqueue leaves no job and no group state: the next job of the group still runs', async () => {
+        const queue = newQueue('grp-tx');
+        // Into a group that has no state yet.
+        const fresh = await target.beginTransaction();
+        const [gone] = await enqueueIds([grouped(queue, 'g', { n: 0 })], fresh.handle);
+        await fresh.rollback();
+        expect(await store.getJob(gone!)).toBeNull();
+        expect(await units(queue, 10)).toEqual([]);
+        expect(await store.hasClaimableWork(queue)).toBe(false);
+
+        // Into a group whose head is leased, and completes while the transaction is open.
+        const [j1] = await enqueueIds([grouped(queue, 'g', { n: 1 })]);
+        const head = await units(queue, 10);
+        expect(idsOf(head)).toEqual([j1]);
+        const open = await target.beginTransaction();
+        const rolledBack = await enqueueIds(
+          [grouped(queue, 'g', { n: 2 }), grouped(queue, 'g', { n: 3 }, { idempotencyKey: 'tx-3' })],
+          open.handle,
+        );
+        if (target.concurrentSessions) expect(await store.complete(owned(head))).toEqual([{ id: j1, outcome: 'ok' }]);
+        await open.rollback();
+        if (!target.concurrentSessions) await store.complete(owned(head));
+        for (const id of rolledBack) expect(await store.getJob(id)).toBeNull();
+
+        const [j4] = await enqueueIds([grouped(queue, 'g', { n: 4 })]);
+        const next = await waitFor(
+          () => units(queue, 10),
+          (c) => c.length > 0,
+          { what: "the group's next job after the rollback" },
+        );
+        expect(idsOf(next)).toEqual([j4]);
+
+        // A committed one joins the group behind the leased head as usual.
+        const committed = await target.beginTransaction();
+        const [j5] = await enqueueIds([grouped(queue, 'g', { n: 5 })], committed.handle);
+        await committed.commit();
+        expect(await units(queue, 10)).toEqual([]);
+        await store.complete(owned(next));
+        expect(idsOf(await units(queue, 10))).toEqual([j5]);
+        await expectNothingToRepair(queue);
+      });
+
+      it("an idempotent repeat of a group's finished job changes nothing in the group", async () => {
+        const queue = newQueue('grp-idem');
+        const [j1] = await enqueueIds([grouped(queue, 'g', { n: 1 }, { idempotencyKey: 'once' })]);
+        const claimed = await units(queue, 10);
+        await store.complete(owned(claimed));
+        expect(await store.enqueue([grouped(queue, 'g', { n: 1 }, { idempotencyKey: 'once' })])).toEqual([
+          { jobId: j1, created: false },
+        ]);
+        expect(await units(queue, 10)).toEqual([]);
+        const [j2] = await enqueueIds([grouped(queue, 'g', { n: 2 })]);
+        // And a repeat of a waiting job (in a bulk with a new one) leaves its place as it was.
+        const repeated = await store.enqueue([
+          grouped(queue, 'g', { n: 1 }, { idempotencyKey: 'once' }),
+          grouped(queue, 'g', { n: 3 }, { idempotencyKey: 'new' }),
+        ]);
+        expect(repeated[0]).toEqual({ jobId: j1, created: false });
+        expect(idsOf(await units(queue, 10))).toEqual([j2]);
+        await expectNothingToRepair(queue);
+      });
+
+      it('retention cleanup never deletes the dead job that blocks its group', async () => {
+        const queue = newQueue('grp-retain');
+        const other = newQueue('grp-retain-continue');
+        await store.recordQueueSettings([{ queue, maxAttempts: 3, groupOnDead: 'block' }]);
+        const [blocker, behind, loose] = await enqueueIds([
+          grouped(queue, 'g', { k: 'blocker' }, { maxAttempts: 1 }),
+          grouped(queue, 'g', { k: 'behind' }),
+          job(queue, { k: 'loose' }, { maxAttempts: 1 }),
+        ]);
+        // Under 'continue' a dead job of a group blocks nothing, and retention takes it.
+        const [passed] = await enqueueIds([grouped(other, 'g', {}, { maxAttempts: 1 })]);
+        const claimed = [...(await units(queue, 10)), ...(await units(other, 10))];
+        expect(sortIds(idsOf(claimed))).toEqual(sortIds([blocker!, loose!, passed!]));
+        await store.fail(claimed.map((c) => failure(c, 'dies', { dead: true })));
+        const dropAll = { doneRetentionMs: 1, deadRetentionMs: 1, idempotencyRetentionMs: 1, batchSize: 1000 };
+        await waitFor(
+          async () => {
+            await store.cleanup(dropAll);
+            return Promise.all([store.getJob(loose!), store.getJob(passed!)]);
+          },
+          (records) => records.every((r) => r === null),
+          { what: 'the dead jobs that block nothing to pass their retention' },
+        );
+        expect(await store.getJob(blocker!)).toMatchObject({ state: 'dead' });
+        expect((await store.stats(queue)).blockedGroups).toBe(1);
+        expect(await units(queue, 10)).toEqual([]);
+        expect(await store.retryDead(queue, [blocker!])).toEqual([blocker]);
+        const retried = await units(queue, 10);
+        expect(idsOf(retried)).toEqual([blocker]);
+        await store.complete(owned(retried));
+        expect(idsOf(await units(queue, 10))).toEqual([behind]);
+        await expectNothingToRepair(queue);
+      });
+    });
   });
 }
