@@ -14,6 +14,7 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { PG_URL, POSTGRES, type Result, type Target } from './common.js';
 import { drainCase } from './cases/drain.js';
 import { enqueueCase } from './cases/enqueue.js';
+import { groupsCase } from './cases/groups.js';
 import { growthCase } from './cases/growth.js';
 import { idleCase } from './cases/idle.js';
 import { latencyCase } from './cases/latency.js';
@@ -42,6 +43,16 @@ const cases: [string, () => Promise<Result[]>][] = [
   ['latency', () => latencyCase(PG_URL, quick ? 5 : 20)],
   ['growth', () => growthCase(PG_URL, quick ? 200_000 : 1_000_000, Math.round(20_000 * scale))],
   ['idle', () => idleCase(PG_URL, quick ? 10 : 30)],
+  [
+    'groups',
+    () =>
+      groupsCase(PG_URL, {
+        drainTotal: Math.round(20_000 * scale),
+        bigGroups: quick ? 100_000 : 1_000_000,
+        samples: quick ? 100 : 300,
+        drainCapMs: quick ? 10_000 : 30_000,
+      }),
+  ],
 ];
 
 function ratio(result: Result): number | undefined {
