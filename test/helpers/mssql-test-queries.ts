@@ -228,6 +228,118 @@ export const DATABASE_CLOCK = 'SELECT SYSUTCDATETIME() AS [Now];';
 /** @since datetime2(3), @ms int: whether the database clock is past since + ms. */
 export const CLOCK_PAST = `SELECT CAST(CASE WHEN SYSUTCDATETIME() > DATEADD(millisecond, @ms, @since) THEN 1 ELSE 0 END AS bit) AS [Past];`;
 
+// ---- ordered groups (issue 11) --------------------------------------------------------------
+
+const GROUPS = (schema: string) => `${quoteMssqlIdentifier(schema)}.[Groups]`;
+
+/**
+ * @queue: every ordered group of the queue whose cached state disagrees with its jobs (design
+ * (a)'s predicate as the oracle), one row each with what is wrong; none when they agree. Read it
+ * when the queue is at rest (no transition under way). The rules:
+ * - a group with unfinished jobs has a row, and a row without unfinished jobs is deleted
+ *   (unless it is blocked: its head is then a dead job);
+ * - the group's leased jobs share one token, and the row is held by that token exactly while
+ *   one is leased;
+ * - a row neither held nor blocked is headed by the group's lowest unfinished job;
+ * - a held row's head is at or before the lowest unfinished job (a batch's finished jobs do not
+ *   move it);
+ * - a blocked row is not held and is headed by a dead job of the group.
+ */
+export function groupDisagreements(schema: string): string {
+  const jobs = JOBS(schema);
+  const groups = GROUPS(schema);
+  return `WITH unfinished AS (
+  SELECT [Queue], [GroupKey], MIN([Id]) AS [FirstId],
+         COUNT(CASE WHEN [State] = 'leased' THEN 1 END) AS [Leased],
+         COUNT(DISTINCT CASE WHEN [State] = 'leased' THEN [ClaimToken] END) AS [LeaseTokens],
+         MIN(CASE WHEN [State] = 'leased' THEN CAST([ClaimToken] AS char(36)) END) AS [LeaseToken]
+  FROM ${jobs}
+  WHERE [Queue] = @queue AND [GroupKey] IS NOT NULL AND [State] IN ('ready', 'delayed', 'leased')
+  GROUP BY [Queue], [GroupKey]
+), rows AS (
+  SELECT [Queue], [GroupKey], [HeadId], [HeldToken], [Blocked] FROM ${groups} WHERE [Queue] = @queue
+), checked AS (
+  SELECT COALESCE(u.[GroupKey], g.[GroupKey]) AS [GroupKey], CAST(g.[HeadId] AS varchar(20)) AS [HeadId],
+         CAST(u.[FirstId] AS varchar(20)) AS [FirstId],
+    CASE
+      WHEN g.[GroupKey] IS NULL THEN 'unfinished jobs but no group row'
+      WHEN u.[LeaseTokens] > 1 THEN 'jobs leased under more than one token'
+      WHEN g.[Blocked] = 1 AND g.[HeldToken] IS NOT NULL THEN 'blocked and held'
+      WHEN g.[Blocked] = 1 AND NOT EXISTS (
+        SELECT 1 FROM ${jobs} AS d
+        WHERE d.[Id] = g.[HeadId] AND d.[Queue] = g.[Queue] AND d.[GroupKey] = g.[GroupKey] AND d.[State] = 'dead')
+        THEN 'blocked by a job that is not a dead job of the group'
+      WHEN g.[Blocked] = 1 THEN NULL
+      WHEN u.[GroupKey] IS NULL THEN 'a row without unfinished jobs'
+      WHEN u.[Leased] > 0 AND (g.[HeldToken] IS NULL OR LOWER(CAST(g.[HeldToken] AS char(36))) <> LOWER(u.[LeaseToken]))
+        THEN 'leased jobs, but not held by their token'
+      WHEN u.[Leased] = 0 AND g.[HeldToken] IS NOT NULL THEN 'held, but no job is leased'
+      WHEN g.[HeldToken] IS NULL AND (g.[HeadId] IS NULL OR g.[HeadId] <> u.[FirstId])
+        THEN 'not held, and not headed by its first unfinished job'
+      WHEN g.[HeldToken] IS NOT NULL AND g.[HeadId] > u.[FirstId] THEN 'held, with a head after its first unfinished job'
+    END AS [Problem]
+  FROM unfinished AS u
+  FULL OUTER JOIN rows AS g ON g.[Queue] = u.[Queue] AND g.[GroupKey] = u.[GroupKey]
+)
+SELECT [GroupKey], [Problem], [HeadId], [FirstId] FROM checked WHERE [Problem] IS NOT NULL ORDER BY [GroupKey];`;
+}
+
+/** @queue, @groupKey: the group's row as the store caches it (no row: none). */
+export function groupRow(schema: string): string {
+  return `SELECT CAST([HeadId] AS varchar(20)) AS [HeadId], LOWER(CAST([HeldToken] AS char(36))) AS [HeldToken],
+  CAST([Blocked] AS int) AS [Blocked], [HeadReadyAt]
+FROM ${GROUPS(schema)} WHERE [Queue] = @queue AND [GroupKey] = @groupKey;`;
+}
+
+/**
+ * @queue, @groupKey: what a claimer does to a group and its head before it commits (hold the row
+ * with a fresh token, lease the head with it), for a test to run in a transaction it keeps open:
+ * the row and the head stay locked as a claimer's do mid-claim. Returns the head's id.
+ */
+export function leaseGroupHeadUncommitted(schema: string): string {
+  const jobs = JOBS(schema);
+  const groups = GROUPS(schema);
+  return `DECLARE @token uniqueidentifier = NEWID(), @head bigint;
+UPDATE ${groups} WITH (ROWLOCK)
+SET [HeldToken] = @token, @head = [HeadId]
+WHERE [Queue] = @queue AND [GroupKey] = @groupKey AND [HeldToken] IS NULL AND [HeadId] IS NOT NULL AND [Blocked] = 0;
+UPDATE ${jobs} WITH (ROWLOCK)
+SET [State] = 'leased', [ClaimToken] = @token, [Attempts] = [Attempts] + 1,
+    [LeaseUntil] = DATEADD(minute, 5, SYSUTCDATETIME()), [ClaimedAt] = SYSUTCDATETIME()
+WHERE [Id] = @head AND [State] IN ('ready', 'delayed');
+SELECT CAST(@head AS varchar(20)) AS [HeadId];`;
+}
+
+/**
+ * The claim's group hints without READCOMMITTEDLOCK. The table-hints page says READPAST can't be
+ * specified under READ_COMMITTED_SNAPSHOT at READ COMMITTED unless READCOMMITTEDLOCK is there,
+ * and also that UPDLOCK makes READCOMMITTEDLOCK ignored; what SQL Server does with the pair
+ * alone on each database is recorded by the test that runs this (research A (ii) 12).
+ */
+export function groupClaimHintsWithoutReadCommittedLock(schema: string): string {
+  return `SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+SELECT TOP (1) [GroupKey] FROM ${GROUPS(schema)} WITH (UPDLOCK, READPAST) WHERE [Queue] = @queue;`;
+}
+
+/**
+ * A job row as a version before 5 wrote it (no group state): @queue, @groupKey, @state,
+ * @runInMs (its run time from now, may be negative), @token (leased jobs; null otherwise).
+ * Returns its id, taken from the schema's sequence in id order.
+ */
+export function insertPreGroupsJob(schema: string): string {
+  const s = quoteMssqlIdentifier(schema);
+  return `DECLARE @range sql_variant;
+EXEC sys.sp_sequence_get_range @sequence_name = N'${s}.[JobIdSequence]', @range_size = 1, @range_first_value = @range OUTPUT;
+DECLARE @id bigint = CAST(@range AS bigint);
+INSERT INTO ${s}.[Jobs] ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [Attempts], [MaxAttempts],
+  [ClaimToken], [LeaseUntil], [ClaimedAt], [WorkerId])
+VALUES (@id, @queue, @state, N'{}', 0, DATEADD(millisecond, @runInMs, SYSUTCDATETIME()), @groupKey,
+  CASE WHEN @state = 'leased' THEN 1 ELSE 0 END, 5, @token,
+  CASE WHEN @state = 'leased' THEN DATEADD(minute, 5, SYSUTCDATETIME()) END,
+  CASE WHEN @state = 'leased' THEN SYSUTCDATETIME() END, CASE WHEN @state = 'leased' THEN N'old-version' END);
+SELECT CAST(@id AS varchar(20)) AS [Id];`;
+}
+
 /** Every statement above, named, for the grammar gate. */
 export function everyTestStatement(schema: string): [string, string][] {
   return [
@@ -262,5 +374,10 @@ export function everyTestStatement(schema: string): [string, string][] {
     ['effects report', effectsReport(schema)],
     ['database clock', DATABASE_CLOCK],
     ['clock past', CLOCK_PAST],
+    ['group disagreements', groupDisagreements(schema)],
+    ['group row', groupRow(schema)],
+    ['lease group head uncommitted', leaseGroupHeadUncommitted(schema)],
+    ['group claim hints without READCOMMITTEDLOCK', groupClaimHintsWithoutReadCommittedLock(schema)],
+    ['insert pre-groups job', insertPreGroupsJob(schema)],
   ];
 }
