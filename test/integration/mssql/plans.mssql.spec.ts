@@ -150,9 +150,15 @@ describeEachMssqlDatabase('actual plans of the hot statements over 100,000 finis
     return plansOf(result.recordsets as sql.IRecordSet<Record<string, unknown>>[]);
   }
 
-  /** The one UPDATE of Jobs among a batch's plans (the claim's and the reaper's statement). */
-  function updateOfJobs(plans: StatementPlan[]): StatementPlan {
-    const updates = plans.filter((p) => p.type === 'UPDATE' && operatorsOn(p, schema, 'Jobs').length > 0);
+  /**
+   * The one UPDATE of Jobs among a batch's plans that reads `index` (the claim's, after its
+   * promotion of due delayed jobs; the reaper's).
+   */
+  function updateOfJobs(plans: StatementPlan[], index: string): StatementPlan {
+    const updates = plans.filter(
+      (p) =>
+        p.type === 'UPDATE' && operatorsOn(p, schema, 'Jobs').some((op) => op.objects.some((o) => o.index === index)),
+    );
     expect(updates, plans.map(describePlan).join('\n\n')).toHaveLength(1);
     return updates[0]!;
   }
@@ -180,11 +186,23 @@ describeEachMssqlDatabase('actual plans of the hot statements over 100,000 finis
     ).toEqual([]);
   }
 
-  it('claim: an ordered Index Seek on IX_Jobs_Claim, no Sort, no scan of Jobs', async () => {
-    const plans = await actualPlans(() => store.claim({ queue, limit: 100, leaseMs: 600_000, workerId: WORKER }));
-    const claim = updateOfJobs(plans);
+  it('claim: an ordered Index Seek on IX_Jobs_Claim, no Sort, no scan of Jobs; one seek for the queue without groups', async () => {
+    const plans = await actualPlans(() =>
+      store.claim({ queue, limit: 100, groupBatchSize: 1, leaseMs: 600_000, workerId: WORKER }),
+    );
+    const claim = updateOfJobs(plans, 'IX_Jobs_Claim');
     expectSeekOn(claim, 'IX_Jobs_Claim');
     expectNoSortNorScan(claim);
+    // Ordered groups cost a queue without them one probe, a seek on an empty range of the
+    // claimable-groups index (an IF condition, which the showplan reader may not list), and
+    // nothing else of the group side runs.
+    for (const plan of plans) {
+      expect(
+        operatorsOn(plan, schema, 'Groups').map((op) => `${op.physicalOp} ${op.objects[0]?.index}`),
+        describePlan(plan),
+      ).toEqual(operatorsOn(plan, schema, 'Groups').map(() => 'Index Seek IX_Groups_Claimable'));
+    }
+    expect(plans.filter((p) => p.type === 'UPDATE' && operatorsOn(p, schema, 'Groups').length > 0)).toEqual([]);
   });
 
   it('reap: an ordered Index Seek on IX_Jobs_Leased, led by LeaseUntil (schema version 3), no Sort, no scan of Jobs', async () => {
@@ -200,7 +218,7 @@ describeEachMssqlDatabase('actual plans of the hot statements over 100,000 finis
     });
 
     const plans = await actualPlans(() => store.reap(100));
-    const reap = updateOfJobs(plans);
+    const reap = updateOfJobs(plans, 'IX_Jobs_Leased');
     expectSeekOn(reap, 'IX_Jobs_Leased');
     expectNoSortNorScan(reap);
   });
@@ -216,6 +234,154 @@ describeEachMssqlDatabase('actual plans of the hot statements over 100,000 finis
           .map((op) => op.physicalOp),
         describePlan(plan),
       ).toEqual([]);
+    }
+  });
+});
+
+describeEachMssqlDatabase('actual plans of the group statements over 10,000 finished grouped jobs', (db) => {
+  const schema = uniqueSchema('gplans');
+  const queue = 'gplans';
+  const GROUPS = 5_000;
+  let pool: sql.ConnectionPool;
+  let planPool: sql.ConnectionPool;
+  let store: QueueStore;
+  let capture: ReturnType<typeof statementRecorder>;
+
+  const job = (group: number, n: number) =>
+    prepareJob(queue, { n }, { groupKey: `g-${group}` }, { maxPayloadBytes: 1024, defaultMaxAttempts: 3 });
+  /** One job for each of the groups, in blocks of 1,000 (one statement each). */
+  async function enqueueRound(n: number): Promise<void> {
+    for (let from = 0; from < GROUPS; from += 1_000) {
+      await store.enqueue(Array.from({ length: 1_000 }, (_, i) => job(from + i, n)));
+    }
+  }
+  const owned = (claimed: ClaimedJob[]) => claimed.map((c) => ({ id: c.id, claimToken: c.claimToken }));
+
+  beforeAll(async () => {
+    pool = await openMssqlPool(db.url, 4);
+    capture = statementRecorder(pool);
+    store = createMssqlStore({ pool }, { schema });
+    await store.migrate('auto');
+    // History: two finished jobs per group, run as workers would (batches of two).
+    await enqueueRound(1);
+    await enqueueRound(2);
+    for (;;) {
+      const claimed = await store.claim({ queue, limit: 1_000, groupBatchSize: 2, leaseMs: 600_000, workerId: WORKER });
+      if (claimed.length === 0) break;
+      await store.complete(owned(claimed));
+    }
+    // Live: two waiting jobs per group.
+    await enqueueRound(3);
+    await enqueueRound(4);
+    await mssqlRows(db.url, RECOMPILE_PLANS_OF_TABLE, (r) =>
+      r.input('table', sql.NVarChar(776), `${quoteMssqlIdentifier(schema)}.[Jobs]`),
+    );
+    await mssqlRows(db.url, RECOMPILE_PLANS_OF_TABLE, (r) =>
+      r.input('table', sql.NVarChar(776), `${quoteMssqlIdentifier(schema)}.[Groups]`),
+    );
+    planPool = await openMssqlPool(db.url, 1);
+  }, SETUP_MS);
+
+  afterAll(async () => {
+    await planPool
+      ?.request()
+      .batch(STATISTICS_XML_OFF)
+      .catch(() => undefined);
+    await planPool?.close();
+    await store?.close();
+    await pool?.close();
+    await dropMssqlSchema(db.url, schema);
+  });
+
+  /** The actual plans of the one statement the store sent during `work`, run again with its parameters. */
+  async function actualPlans(work: () => Promise<unknown>): Promise<StatementPlan[]> {
+    const sent = await capture(work);
+    expect(sent, 'the store sends one statement for this call').toHaveLength(1);
+    await planPool.request().batch(STATISTICS_XML_ON);
+    const replay = planPool.request();
+    Object.assign(replay.parameters, sent[0]!.parameters);
+    const result = await replay.query(sent[0]!.text);
+    return plansOf(result.recordsets as sql.IRecordSet<Record<string, unknown>>[]);
+  }
+
+  function seeksOn(plans: StatementPlan[], table: string, index: string): number {
+    return plans
+      .flatMap((p) => operatorsOn(p, schema, table))
+      .filter((op) => op.physicalOp === 'Index Seek' && op.objects.some((o) => o.index === index)).length;
+  }
+
+  function expectNoScanOf(plans: StatementPlan[], table: string): void {
+    for (const plan of plans) {
+      expect(
+        operatorsOn(plan, schema, table)
+          .filter((op) => /Scan$/.test(op.physicalOp))
+          .map((op) => `${op.physicalOp} ${op.objects[0]?.index}`),
+        describePlan(plan),
+      ).toEqual([]);
+    }
+  }
+
+  it('claim: the groups are chosen by a seek on IX_Groups_Claimable (its literal filter), their batches by seeks on IX_Jobs_Group; no scan', async () => {
+    const plans = await actualPlans(() =>
+      store.claim({ queue, limit: 10, groupBatchSize: 2, leaseMs: 600_000, workerId: WORKER }),
+    );
+    expect(seeksOn(plans, 'Groups', 'IX_Groups_Claimable'), plans.map(describePlan).join('\n\n')).toBeGreaterThan(0);
+    expect(seeksOn(plans, 'Jobs', 'IX_Jobs_Group'), plans.map(describePlan).join('\n\n')).toBeGreaterThan(0);
+    expectNoScanOf(plans, 'Groups');
+    expectNoScanOf(plans, 'Jobs');
+    // The group CTE is read in its index order: no Sort on Groups' side.
+    const holds = plans.filter((p) => p.type === 'UPDATE' && seeksOn([p], 'Groups', 'IX_Groups_Claimable') > 0);
+    expect(holds).toHaveLength(1);
+    expect(planOperators(holds[0]!).filter((op) => op.physicalOp === 'Sort')).toEqual([]);
+  });
+
+  it('hasClaimableWork: a seek on IX_Groups_Claimable', async () => {
+    const plans = await actualPlans(() => store.hasClaimableWork(queue));
+    expect(seeksOn(plans, 'Groups', 'IX_Groups_Claimable'), plans.map(describePlan).join('\n\n')).toBeGreaterThan(0);
+    expectNoScanOf(plans, 'Groups');
+  });
+
+  it("complete: the batch check seeks IX_Jobs_GroupHold and the next head IX_Jobs_Group, whatever the group's depth", async () => {
+    const claim = () => store.claim({ queue, limit: 5, groupBatchSize: 1, leaseMs: 600_000, workerId: WORKER });
+    const first = await claim();
+    expect(first).toHaveLength(5);
+    // The statement as the store sends it; replayed for other leased jobs, so that its group
+    // side runs (a replay for the same jobs would find them done already).
+    const [sent] = await capture(() => store.complete(owned(first)));
+    const again = await claim();
+    expect(again).toHaveLength(5);
+    const items = new sql.Table(`${schema}.OwnedJobList`);
+    items.columns.add('Id', sql.BigInt, { nullable: false });
+    items.columns.add('Token', sql.UniqueIdentifier, { nullable: false });
+    for (const c of again) items.rows.add(c.id, c.claimToken);
+    await planPool.request().batch(STATISTICS_XML_ON);
+    const replay = planPool.request().input('items', items);
+    const result = await replay.query<{ Outcome: string }>(sent!.text);
+    expect(
+      result.recordsets
+        .flatMap((rs) => (rs as unknown as { Outcome?: string }[]).map((r) => r.Outcome))
+        .filter(Boolean),
+    ).toEqual(again.map(() => 'ok'));
+    const plans = plansOf(result.recordsets as sql.IRecordSet<Record<string, unknown>>[]);
+    expect(seeksOn(plans, 'Jobs', 'IX_Jobs_GroupHold'), plans.map(describePlan).join('\n\n')).toBeGreaterThan(0);
+    expect(seeksOn(plans, 'Jobs', 'IX_Jobs_Group'), plans.map(describePlan).join('\n\n')).toBeGreaterThan(0);
+    expectNoScanOf(plans, 'Jobs');
+    expectNoScanOf(plans, 'Groups');
+  });
+
+  it('stats(): the grouped figures from IX_Jobs_Group, the blocked groups from IX_Groups_Blocked; no clustered scan', async () => {
+    const plans = await actualPlans(() => store.stats(queue));
+    expect(seeksOn(plans, 'Jobs', 'IX_Jobs_Group'), plans.map(describePlan).join('\n\n')).toBeGreaterThan(0);
+    expect(seeksOn(plans, 'Groups', 'IX_Groups_Blocked'), plans.map(describePlan).join('\n\n')).toBeGreaterThan(0);
+    for (const table of ['Jobs', 'Groups']) {
+      for (const plan of plans) {
+        expect(
+          operatorsOn(plan, schema, table)
+            .filter((op) => op.physicalOp === 'Clustered Index Scan' || op.physicalOp === 'Table Scan')
+            .map((op) => op.physicalOp),
+          describePlan(plan),
+        ).toEqual([]);
+      }
     }
   });
 });

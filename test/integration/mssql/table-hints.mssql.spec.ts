@@ -5,13 +5,21 @@
  * connection an application left at SNAPSHOT (READPAST is refused at SNAPSHOT whatever the
  * hints; the store sets READ COMMITTED first). Also settles whether SQL Server takes the
  * four-hint set other SQL Server queues ship (with ROWLOCK), which the store no longer uses.
+ * Ordered groups (issue 11; research A (ii) 12): the group claim, settling, the figures and the
+ * repair sweep run through the same connections, and what SQL Server does with UPDLOCK and
+ * READPAST on a group row without READCOMMITTEDLOCK is recorded.
  */
+import sql from 'mssql';
 import { expect, it } from 'vitest';
 import type { QueueStore } from '../../../lib/src/core/queue-store.js';
 import { prepareJob } from '../../../lib/src/core/validation.js';
 import { createMssqlStore } from '../../../lib/src/store/mssql/mssql.connect.js';
 import { mssqlErrorNumber, mssqlRows, openMssqlPool, withErrorNumber } from '../../helpers/mssql.js';
-import { claimHintsWithRowlock, LEAVE_SNAPSHOT_ISOLATION } from '../../helpers/mssql-test-queries.js';
+import {
+  claimHintsWithRowlock,
+  groupClaimHintsWithoutReadCommittedLock,
+  LEAVE_SNAPSHOT_ISOLATION,
+} from '../../helpers/mssql-test-queries.js';
 import { waitFor } from '../../helpers/wait-for.js';
 import { describeEachMssqlDatabase, useMssqlSchema } from './mssql-databases.js';
 
@@ -44,18 +52,80 @@ describeEachMssqlDatabase('claim and reaper table hints', (db) => {
     expect(done.map((d) => d.outcome)).toEqual(all.map(() => 'ok'));
   }
 
+  /**
+   * The group side of the same calls (issue 11): group claims, a batch reaped with its expired
+   * lease, settling, the figures, the blocked-group page and the repair sweep, all through `on`.
+   */
+  async function groupsClaimAndReap(on: QueueStore, label: string): Promise<void> {
+    const queue = newQueue('grouphints');
+    const job = (groupKey: string, n: number) =>
+      prepareJob(queue, { n }, { groupKey }, { maxPayloadBytes: 1024, defaultMaxAttempts: 3 });
+    const enqueued = await store.enqueue([job('g', 1), job('g', 2), job('h', 1)]);
+    expect(await withErrorNumber(on.hasClaimableWork(queue), `${label}: hasClaimableWork`)).toBe(true);
+    const short = await withErrorNumber(
+      on.claim({ queue, limit: 10, groupBatchSize: 2, leaseMs: 1, workerId: WORKER }),
+      `${label}: group claim`,
+    );
+    expect(short.map((c) => c.id).sort()).toEqual(enqueued.map((r) => r.jobId).sort());
+    await waitFor(
+      async () => (await withErrorNumber(on.stats(queue), `${label}: stats`)).expiredLeases,
+      (n) => n === 3,
+      { what: 'three expired leases' },
+    );
+    const reaped = await withErrorNumber(on.reap(100), `${label}: reap`);
+    expect(reaped.map((r) => r.id)).toEqual(expect.arrayContaining(short.map((c) => c.id)));
+    const all = await withErrorNumber(
+      on.claim({ queue, limit: 10, groupBatchSize: 2, leaseMs: 60_000, workerId: WORKER }),
+      `${label}: group claim`,
+    );
+    expect(all).toHaveLength(3);
+    const done = await withErrorNumber(
+      on.complete(all.map((c) => ({ id: c.id, claimToken: c.claimToken }))),
+      `${label}: complete`,
+    );
+    expect(done.map((d) => d.outcome)).toEqual(all.map(() => 'ok'));
+    await withErrorNumber(on.queueHealth({ failureWindowMs: 60_000, repeatedFailures: 3 }), `${label}: queueHealth`);
+    expect(await withErrorNumber(on.listBlockedGroups(queue, { limit: 10 }), `${label}: listBlockedGroups`)).toEqual({
+      groups: [],
+      nextAfterKey: null,
+    });
+    expect(
+      (await withErrorNumber(on.repairGroups(1_000), `${label}: repairGroups`)).filter((r) => r.queue === queue),
+    ).toEqual([]);
+  }
+
   it('claim and reap compile and run with their READPAST hints: no error 650', async () => {
     await claimAndReap(store, "the store's own connections");
+    await groupsClaimAndReap(store, "the store's own connections");
   });
 
   it('claim and reap on a shared pool whose connection an application left at SNAPSHOT isolation: no error 650', async () => {
     const pool = await openMssqlPool(db.url, 1);
     try {
       await pool.request().batch(LEAVE_SNAPSHOT_ISOLATION);
-      await claimAndReap(createMssqlStore({ pool }, { schema }), 'a connection left at SNAPSHOT');
+      const onSnapshot = createMssqlStore({ pool }, { schema });
+      await claimAndReap(onSnapshot, 'a connection left at SNAPSHOT');
+      await groupsClaimAndReap(onSnapshot, 'a connection left at SNAPSHOT');
     } finally {
       await pool.close();
     }
+  });
+
+  it('UPDLOCK, READPAST without READCOMMITTEDLOCK on a group row: accepted where READ_COMMITTED_SNAPSHOT is off; recorded where it is on', async ({
+    annotate,
+  }) => {
+    const outcome = await mssqlRows(db.url, groupClaimHintsWithoutReadCommittedLock(schema), (r) =>
+      r.input('queue', sql.NVarChar(128), 'any'),
+    ).then(
+      () => 'accepted',
+      (error: unknown) => `error ${mssqlErrorNumber(error)}: ${(error as Error).message}`,
+    );
+    await annotate(`UPDLOCK, READPAST (no READCOMMITTEDLOCK) on Groups, SQL Server (${db.label}): ${outcome}`);
+    // The table-hints page refuses READPAST under READ_COMMITTED_SNAPSHOT at READ COMMITTED
+    // (error 650) unless READCOMMITTEDLOCK is there; whether UPDLOCK lifts that is what this
+    // records. The store always sends the three together.
+    if (db.readCommittedSnapshot) expect(outcome).toMatch(/^(accepted|error 650:)/);
+    else expect(outcome).toBe('accepted');
   });
 
   it('UPDLOCK, READPAST, READCOMMITTEDLOCK, ROWLOCK together: accepted, or refused as conflicting hints (recorded)', async ({
