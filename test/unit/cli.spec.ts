@@ -61,7 +61,7 @@ describe('nestjs-sql-queue sql', () => {
 
   it('--from the latest version prints no migration but a valid, repeatable script', async () => {
     expect(PG_LATEST_VERSION).toBe(4);
-    expect(MSSQL_LATEST_VERSION).toBe(4);
+    expect(MSSQL_LATEST_VERSION).toBe(5);
     const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '4');
     expect(pg.code).toBe(0);
     expect(pg.stdout).toBe(pgInstallScript('demo', 4));
@@ -70,24 +70,33 @@ describe('nestjs-sql-queue sql', () => {
     expect(pg.stdout).toContain('BEGIN;');
     expect(pg.stdout).toContain('COMMIT;');
 
-    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '4');
+    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '5');
     expect(mssql.code).toBe(0);
-    expect(mssql.stdout).toBe(mssqlInstallScript('demo', 4));
+    expect(mssql.stdout).toBe(mssqlInstallScript('demo', 5));
     expect(mssql.stdout).not.toContain('INSERT INTO');
     expect(mssql.stdout).not.toContain('[Jobs]');
   });
 
-  it('--from 2 (PostgreSQL) / --from 3 (SQL Server) prints only the delayed state', async () => {
+  it('--from 2 (PostgreSQL) / --from 3 (SQL Server) prints the delayed state, then the later versions', async () => {
+    // Each version's section of a script, by its "-- N:" heading.
+    const section = (script: string, version: number) => {
+      const end = script.indexOf(`-- ${version + 1}:`);
+      return script.slice(script.indexOf(`-- ${version}:`), end < 0 ? undefined : end);
+    };
     const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '2');
     expect(pg.stdout).toContain(
       `CREATE INDEX jobs_delayed_ix ON "demo".jobs (queue, run_at, id) WHERE state = 'delayed'`,
     );
     expect(pg.stdout).toContain(`UPDATE "demo".jobs SET state = 'delayed' WHERE state = 'ready' AND run_at > now()`);
     expect(pg.stdout).not.toContain('CREATE TABLE "demo".queue_settings');
+    expect(pg.stdout).toContain('-- 4: ordered groups');
     const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '3');
-    expect(mssql.stdout).toContain('ALTER TABLE [demo].[Jobs] DROP CONSTRAINT [CK_Jobs_State];');
-    expect(mssql.stdout).toContain('CREATE NONCLUSTERED INDEX [IX_Jobs_Delayed]');
-    expect(mssql.stdout).not.toContain('DROP_EXISTING');
+    expect(mssql.stdout).not.toContain('-- 3:');
+    const delayed = section(mssql.stdout, 4);
+    expect(delayed).toContain('ALTER TABLE [demo].[Jobs] DROP CONSTRAINT [CK_Jobs_State];');
+    expect(delayed).toContain('CREATE NONCLUSTERED INDEX [IX_Jobs_Delayed]');
+    expect(delayed).not.toContain('DROP_EXISTING');
+    expect(mssql.stdout).toContain('-- 5:');
   });
 
   it('--from 1 prints version 2 (the queue settings) and later ones, not version 1', async () => {
@@ -108,7 +117,8 @@ describe('nestjs-sql-queue sql', () => {
     expect(mssql.stdout).toContain(
       "CREATE NONCLUSTERED INDEX [IX_Jobs_Leased] ON [demo].[Jobs] ([LeaseUntil], [Queue]) INCLUDE ([Attempts]) WHERE [State] = 'leased' WITH (DROP_EXISTING = ON);",
     );
-    expect(mssql.stdout).not.toContain('[QueueSettings]');
+    const version3 = mssql.stdout.slice(0, mssql.stdout.indexOf('-- 4:'));
+    expect(version3).not.toContain('[QueueSettings]');
     expect(mssql.stdout).toContain('VALUES (3, N');
   });
 
