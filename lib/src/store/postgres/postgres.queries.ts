@@ -491,18 +491,20 @@ SELECT i.queue, i.key, i.id::text AS id,
        ELSE 'missing' END AS status
 FROM input i`,
 
-    // $1 jsonb [{queue, key, id}]: the groups touchLock locked. A new statement, so its snapshot
+    // $1 jsonb [{queue, key, id, retried}]: the groups touchLock locked, with the ids retryDead
+    // moved back in each (a blocked group is released when its blocking job is one of them, and
+    // headed by the lowest). A new statement, so its snapshot
     // is younger than the lock: it sees every transition committed before the lock, and one
     // running now makes this UPDATE wait and re-check (a decision taken on touchLock's older
     // snapshot could miss a group just emptied, and leave the job to a settling that had already
     // passed). The head moves to the job when the group is idle, or not held and headed by a
-    // later job (an earlier-numbered job committing late), or blocked by this very job (retryDead).
+    // later job (an earlier-numbered job committing late), or blocked by a job just retried.
     touchMove: `UPDATE ${groups} AS g
 SET head_id = i.id, head_ready_at = j.run_at, head_priority = j.priority, blocked = false, updated_at = now()
-FROM jsonb_to_recordset($1::jsonb) AS i(queue text, key text, id bigint)
+FROM jsonb_to_recordset($1::jsonb) AS i(queue text, key text, id bigint, retried bigint[])
 JOIN ${jobs} j ON j.id = i.id
 WHERE g.queue = i.queue AND g.group_key = i.key AND g.held_token IS NULL
-  AND ((NOT g.blocked AND (g.head_id IS NULL OR g.head_id > i.id)) OR (g.blocked AND g.head_id = i.id))`,
+  AND ((NOT g.blocked AND (g.head_id IS NULL OR g.head_id > i.id)) OR (g.blocked AND g.head_id = ANY (i.retried)))`,
 
     // $1 jsonb [{queue, key}] in (queue, key) order: groups a transition emptied. Locks those
     // still idle and headless, skipping any a producer holds (its FOR KEY SHARE) or another

@@ -384,11 +384,15 @@ export class PostgresQueueStore implements QueueStore {
               queue,
               JSON.stringify(ids),
             ]);
+      const grouped = retried.rows.flatMap((row) =>
+        row.group_key === null ? [] : [{ queue, key: row.group_key, id: row.id }],
+      );
+      const retriedByGroup = new Map<string, string[]>();
+      for (const job of grouped)
+        retriedByGroup.set(groupId(job), [...(retriedByGroup.get(groupId(job)) ?? []), job.id]);
       await this.touchGroups(
         client,
-        lowestPerGroup(
-          retried.rows.flatMap((row) => (row.group_key === null ? [] : [{ queue, key: row.group_key, id: row.id }])),
-        ),
+        lowestPerGroup(grouped).map((head) => ({ ...head, retried: retriedByGroup.get(groupId(head)) })),
       );
       return retried.rows;
     });
@@ -488,25 +492,23 @@ export class PostgresQueueStore implements QueueStore {
    * transaction that inserted them. A round that finds a group created or deleted by another
    * session since its snapshot leaves it to the next round, which sees it.
    */
-  private async touchGroups(client: PgQueryable, heads: readonly (GroupRef & { id: JobId })[]): Promise<void> {
+  private async touchGroups(client: PgQueryable, heads: readonly GroupHead[]): Promise<void> {
+    const byGroup = new Map(heads.map((head) => [groupId(head), head]));
     let pending = heads;
-    const locked: (GroupRef & { id: string })[] = [];
+    const locked: GroupHead[] = [];
     for (let round = 0; pending.length > 0; round++) {
       if (round === GROUP_TOUCH_ROUNDS) {
         throw new Error(`ordered groups did not settle: ${pending.length} group(s) kept being created or deleted`);
       }
-      const rows = await client.query<GroupRef & { id: string; status: 'locked' | 'created' | 'missing' }>(
-        this.sql.touchLock,
-        [JSON.stringify(pending)],
-      );
-      locked.push(...rows.rows.filter((row) => row.status === 'locked'));
-      pending = rows.rows.filter((row) => row.status === 'missing');
-    }
-    if (locked.length > 0) {
-      await client.query(this.sql.touchMove, [
-        JSON.stringify(locked.map(({ queue, key, id }) => ({ queue, key, id }))),
+      const rows = await client.query<GroupRef & { status: 'locked' | 'created' | 'missing' }>(this.sql.touchLock, [
+        JSON.stringify(pending.map(({ queue, key, id }) => ({ queue, key, id }))),
       ]);
+      const of = (status: string) =>
+        rows.rows.filter((row) => row.status === status).map((row) => byGroup.get(groupId(row))!);
+      locked.push(...of('locked'));
+      pending = of('missing');
     }
+    if (locked.length > 0) await client.query(this.sql.touchMove, [JSON.stringify(locked)]);
   }
 
   /**
@@ -671,9 +673,18 @@ function groupId(group: GroupRef): string {
   return `${group.queue}\u0000${group.key}`;
 }
 
+/**
+ * A job entering its group: the lowest id an enqueue added to it, or that retryDead moved back
+ * (with every id retried in the group, one of which may be the dead job that blocks it).
+ */
+interface GroupHead extends GroupRef {
+  id: JobId;
+  retried?: JobId[];
+}
+
 /** The lowest job id per group, in one entry per group. */
-function lowestPerGroup(items: readonly (GroupRef & { id: JobId })[]): (GroupRef & { id: JobId })[] {
-  const lowest = new Map<string, GroupRef & { id: JobId }>();
+function lowestPerGroup(items: readonly GroupHead[]): GroupHead[] {
+  const lowest = new Map<string, GroupHead>();
   for (const item of items) {
     const current = lowest.get(groupId(item));
     if (!current || BigInt(item.id) < BigInt(current.id)) lowest.set(groupId(item), item);
@@ -682,7 +693,7 @@ function lowestPerGroup(items: readonly (GroupRef & { id: JobId })[]): (GroupRef
 }
 
 /** The jobs an enqueue created in ordered groups, as the lowest new id per group. */
-function groupHeads(jobs: readonly NewJob[], results: readonly EnqueueResult[]): (GroupRef & { id: JobId })[] {
+function groupHeads(jobs: readonly NewJob[], results: readonly EnqueueResult[]): GroupHead[] {
   return lowestPerGroup(
     jobs.flatMap((job, index) =>
       job.groupKey !== null && results[index]!.created
