@@ -74,29 +74,30 @@ const JOB_COLUMNS = `id::text AS id, queue, state, payload, priority, run_at, gr
  */
 function releaseGroups(jobs: string, groups: string, changed: string): string {
   return `, group_touched AS MATERIALIZED (
-  SELECT DISTINCT queue, group_key, token FROM ${changed} WHERE group_key IS NOT NULL
+  -- One row per group and token, from one pass over the changed jobs (never one per group).
+  SELECT queue, group_key, token, array_agg(id) AS changed_ids,
+         min(id) FILTER (WHERE block) AS blocking_id,
+         min(id) FILTER (WHERE state IN ('ready', 'delayed')) AS back_id,
+         (array_agg(run_at ORDER BY id) FILTER (WHERE state IN ('ready', 'delayed')))[1] AS back_run_at,
+         (array_agg(priority ORDER BY id) FILTER (WHERE state IN ('ready', 'delayed')))[1] AS back_priority
+  FROM ${changed} WHERE group_key IS NOT NULL
+  GROUP BY queue, group_key, token
 ), group_next AS MATERIALIZED (
-  SELECT t.queue, t.group_key, t.token,
+  SELECT t.queue, t.group_key, t.token, t.blocking_id,
+    -- A batch job still leased with the token, found by the token (jobs_batch_ix).
     EXISTS (SELECT 1 FROM ${jobs} s
             WHERE s.claim_token = t.token AND s.state = 'leased' AND s.group_key IS NOT NULL
-              AND s.queue = t.queue AND s.group_key = t.group_key
-              AND s.id NOT IN (SELECT c.id FROM ${changed} c)) AS still_held,
-    b.id AS blocking_id, n.id AS head_id, n.run_at AS head_ready_at, n.priority AS head_priority
+              AND s.id <> ALL (t.changed_ids)) AS still_held,
+    n.id AS head_id, n.run_at AS head_ready_at, n.priority AS head_priority
   FROM group_touched t
-  LEFT JOIN LATERAL (
-    SELECT c.id FROM ${changed} c
-    WHERE c.queue = t.queue AND c.group_key = t.group_key AND c.block ORDER BY c.id LIMIT 1
-  ) AS b ON true
   LEFT JOIN LATERAL (
     SELECT x.id, x.run_at, x.priority FROM (
       (SELECT u.id, u.run_at, u.priority FROM ${jobs} u
        WHERE u.queue = t.queue AND u.group_key = t.group_key AND u.state IN ('ready', 'delayed', 'leased')
-         AND u.id NOT IN (SELECT c.id FROM ${changed} c)
+         AND u.id <> ALL (t.changed_ids)
        ORDER BY u.id LIMIT 1)
       UNION ALL
-      (SELECT c.id, c.run_at, c.priority FROM ${changed} c
-       WHERE c.queue = t.queue AND c.group_key = t.group_key AND c.state IN ('ready', 'delayed')
-       ORDER BY c.id LIMIT 1)
+      SELECT t.back_id, t.back_run_at, t.back_priority WHERE t.back_id IS NOT NULL
     ) AS x
     ORDER BY x.id LIMIT 1
   ) AS n ON true
@@ -118,6 +119,9 @@ function releaseGroups(jobs: string, groups: string, changed: string): string {
 /** The groups a statement emptied, as one json array [{queue, key}] (null when none). */
 const EMPTIED_GROUPS = `(SELECT json_agg(json_build_object('queue', queue, 'key', group_key)) FROM group_released WHERE emptied) AS emptied_groups`;
 
+/** The groups a group statement takes: $1 queues and $2 keys, as arrays of the same length. */
+const GROUPS_IN = 'unnest($1::text[], $2::text[]) AS i(queue, key)';
+
 export function pgQueries(schema: string): PgQueries {
   const jobs = `${quotePgIdentifier(schema)}.jobs`;
   const attempts = `${quotePgIdentifier(schema)}.attempts`;
@@ -138,8 +142,7 @@ export function pgQueries(schema: string): PgQueries {
   const groupProblem = (g: string, n: string) => `CASE
     WHEN ${g}.held_token IS NOT NULL AND NOT EXISTS (
       SELECT 1 FROM ${jobs} l
-      WHERE l.claim_token = ${g}.held_token AND l.state = 'leased' AND l.group_key IS NOT NULL
-        AND l.queue = ${g}.queue AND l.group_key = ${g}.group_key)
+      WHERE l.claim_token = ${g}.held_token AND l.state = 'leased' AND l.group_key IS NOT NULL)
       THEN 'held by token ' || ${g}.held_token::text || ', which no leased job of the group has'
     WHEN ${g}.blocked AND NOT EXISTS (
       SELECT 1 FROM ${jobs} d
@@ -153,14 +156,15 @@ export function pgQueries(schema: string): PgQueries {
   const blocksOnDead = (queue: string) =>
     `EXISTS (SELECT 1 FROM ${settings} s WHERE s.queue = ${queue} AND s.group_on_dead = 'block')`;
   // Batch siblings of the grouped jobs in `moved` (leased with the same token, not in `moved`) go
-  // back to ready, their attempt given back: they never started.
+  // back to ready, their attempt given back: they never started. Found by their token alone
+  // (jobs_batch_ix): a token is drawn for one group batch.
   const siblingsBack = (moved: string) => `siblings AS (
   UPDATE ${jobs} AS j
   SET state = 'ready', attempts = GREATEST(j.attempts - 1, 0), claim_token = NULL, lease_until = NULL,
       claimed_at = NULL, worker_id = NULL
   FROM (SELECT DISTINCT queue, group_key, token FROM ${moved} WHERE group_key IS NOT NULL) AS m
   WHERE j.claim_token = m.token AND j.state = 'leased' AND j.group_key IS NOT NULL
-    AND j.queue = m.queue AND j.group_key = m.group_key AND j.id NOT IN (SELECT id FROM ${moved})
+    AND j.id NOT IN (SELECT id FROM ${moved})
   RETURNING j.id, j.queue, j.group_key, m.token, j.state, j.run_at, j.priority
 )`;
   // A job's attempts: its own, else what the queue's consumers recorded, else the producer's
@@ -434,7 +438,7 @@ FROM input LEFT JOIN released ON released.id = input.id`,
   UNION
   SELECT s.id, s.claim_token, true FROM ${jobs} s
   JOIN (SELECT DISTINCT queue, group_key, claim_token FROM expired_leases WHERE group_key IS NOT NULL) AS e
-    ON s.claim_token = e.claim_token AND s.queue = e.queue AND s.group_key = e.group_key
+    ON s.claim_token = e.claim_token
   WHERE s.state = 'leased' AND s.group_key IS NOT NULL AND s.id NOT IN (SELECT id FROM expired_leases)
 ), reaped AS (
   UPDATE ${jobs} AS j
@@ -460,8 +464,10 @@ SELECT id::text AS id, queue, state, attempts, ${EMPTIED_GROUPS} FROM reaped`,
 
     // ---- ordered groups ------------------------------------------------------------------
 
-    // $1 jsonb [{queue, key, id}], one entry per group: the lowest job id this call added to (or
-    // retried in) each group. Runs in the producer's transaction, after the insert, and before
+    // $1 queues, $2 keys, $3 job ids (arrays; one entry per group): the lowest job id this call
+    // added to (or retried in) each group. Arrays, not json, so the planner knows how many rows
+    // come in (a plain, not prepared, statement is planned with its values): each group is one
+    // primary-key lookup, never a scan of the groups table. Runs in the producer's transaction, after the insert, and before
     // touchMove. A group with no row gets one with the job as head ('created'). An existing row
     // is locked FOR KEY SHARE ('locked'), which neither claims (FOR NO KEY UPDATE) nor completions
     // conflict with, so a caller's long transaction holds up no one; it makes a completion that
@@ -471,12 +477,13 @@ SELECT id::text AS id, queue, state, attempts, ${EMPTIED_GROUPS} FROM reaped`,
     // the store runs the statement again.
     touchLock: `WITH input AS MATERIALIZED (
   SELECT i.queue, i.key, i.id, j.run_at, j.priority
-  FROM jsonb_to_recordset($1::jsonb) AS i(queue text, key text, id bigint)
+  FROM unnest($1::text[], $2::text[], $3::bigint[]) AS i(queue, key, id)
   JOIN ${jobs} j ON j.id = i.id AND j.state IN ('ready', 'delayed')
 ), locked AS MATERIALIZED (
-  SELECT g.queue, g.group_key FROM ${groups} g JOIN input i ON g.queue = i.queue AND g.group_key = i.key
-  ORDER BY g.queue, g.group_key
-  FOR KEY SHARE OF g
+  SELECT g.queue, g.group_key FROM (SELECT * FROM input ORDER BY queue, key) AS i
+  CROSS JOIN LATERAL (
+    SELECT queue, group_key FROM ${groups} WHERE queue = i.queue AND group_key = i.key FOR KEY SHARE
+  ) AS g
 ), created AS (
   INSERT INTO ${groups} (queue, group_key, head_id, head_ready_at, head_priority)
   SELECT i.queue, i.key, i.id, i.run_at, i.priority FROM input i
@@ -491,29 +498,32 @@ SELECT i.queue, i.key, i.id::text AS id,
        ELSE 'missing' END AS status
 FROM input i`,
 
-    // $1 jsonb [{queue, key, id, retried}]: the groups touchLock locked, with the ids retryDead
-    // moved back in each (a blocked group is released when its blocking job is one of them, and
-    // headed by the lowest). A new statement, so its snapshot
-    // is younger than the lock: it sees every transition committed before the lock, and one
-    // running now makes this UPDATE wait and re-check (a decision taken on touchLock's older
-    // snapshot could miss a group just emptied, and leave the job to a settling that had already
-    // passed). The head moves to the job when the group is idle, or not held and headed by a
-    // later job (an earlier-numbered job committing late), or blocked by a job just retried.
+    // $1 queues, $2 keys, $3 job ids: the groups touchLock locked, headed by the lowest new id
+    // of each; $4, $5, $6: every job retryDead moved back (queue, key, id), since a blocked group
+    // is released when its blocking job is one of them. A new statement, so its snapshot is
+    // younger than the lock: it sees every transition committed before the lock, and one running
+    // now makes this UPDATE wait and re-check (a decision taken on touchLock's older snapshot
+    // could miss a group just emptied, and leave the job to a settling that had already passed).
+    // The head moves to the job when the group is idle, or not held and headed by a later job (an
+    // earlier-numbered job committing late), or blocked by a job just retried.
     touchMove: `UPDATE ${groups} AS g
 SET head_id = i.id, head_ready_at = j.run_at, head_priority = j.priority, blocked = false, updated_at = now()
-FROM jsonb_to_recordset($1::jsonb) AS i(queue text, key text, id bigint, retried bigint[])
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS i(queue, key, id)
 JOIN ${jobs} j ON j.id = i.id
 WHERE g.queue = i.queue AND g.group_key = i.key AND g.held_token IS NULL
-  AND ((NOT g.blocked AND (g.head_id IS NULL OR g.head_id > i.id)) OR (g.blocked AND g.head_id = ANY (i.retried)))`,
+  AND ((NOT g.blocked AND (g.head_id IS NULL OR g.head_id > i.id))
+       OR (g.blocked AND EXISTS (
+         SELECT 1 FROM unnest($4::text[], $5::text[], $6::bigint[]) AS r(queue, key, id)
+         WHERE r.queue = g.queue AND r.key = g.group_key AND r.id = g.head_id)))`,
 
-    // $1 jsonb [{queue, key}] in (queue, key) order: groups a transition emptied. Locks those
-    // still idle and headless, skipping any a producer holds (its FOR KEY SHARE) or another
-    // session is settling. Runs in a short transaction with settleApply.
-    settleLock: `SELECT g.queue, g.group_key AS key FROM ${groups} g
-JOIN jsonb_to_recordset($1::jsonb) AS i(queue text, key text) ON g.queue = i.queue AND g.group_key = i.key
-WHERE g.head_id IS NULL AND g.held_token IS NULL AND NOT g.blocked
-ORDER BY g.queue, g.group_key
-FOR UPDATE OF g SKIP LOCKED`,
+    // $1 queues, $2 keys: groups a transition emptied. Locks those still idle and headless,
+    // skipping any a producer holds (its FOR KEY SHARE) or another session is settling.
+    settleLock: `SELECT g.queue, g.group_key AS key FROM (SELECT * FROM ${GROUPS_IN} ORDER BY queue, key) AS i
+CROSS JOIN LATERAL (
+  SELECT queue, group_key FROM ${groups}
+  WHERE queue = i.queue AND group_key = i.key AND head_id IS NULL AND held_token IS NULL AND NOT blocked
+  FOR UPDATE SKIP LOCKED
+) AS g`,
 
     // $1 queue, $2 key: the same for one group a producer was holding, waiting for it to commit
     // or roll back (bounded by the transaction's lock_timeout).
@@ -521,12 +531,12 @@ FOR UPDATE OF g SKIP LOCKED`,
 WHERE g.queue = $1 AND g.group_key = $2 AND g.head_id IS NULL AND g.held_token IS NULL AND NOT g.blocked
 FOR UPDATE`,
 
-    // $1 jsonb [{queue, key}]: groups locked by settleLock, read again in a new statement (a new
+    // $1 queues, $2 keys: groups settleLock locked, read again in a new statement (a new
     // snapshot, which sees every producer that held them): the lowest unfinished job becomes the
     // head, and a group with none is deleted (producers create it again).
     settleApply: `WITH input AS MATERIALIZED (
   SELECT i.queue, i.key, n.id, n.run_at, n.priority
-  FROM jsonb_to_recordset($1::jsonb) AS i(queue text, key text)
+  FROM ${GROUPS_IN}
   ${firstUnfinished('i', 'key')}
 ), headed AS (
   UPDATE ${groups} AS g
@@ -581,23 +591,23 @@ SELECT 'walk-end', queue, group_key FROM (
   SELECT queue, group_key FROM walk WHERE (SELECT count(*) FROM walk) = $5 ORDER BY n DESC LIMIT 1
 ) AS last_group`,
 
-    // $1 jsonb [{queue, key}]: suspects of repairCheck, locked so that no transition runs while
-    // they are checked again; rows another session holds (a claim, a producer, a transition) are
+    // $1 queues, $2 keys: suspects of repairCheck, locked so that no transition runs while they
+    // are checked again; rows another session holds (a claim, a producer, a transition) are
     // skipped and looked at on a later pass.
-    repairLock: `SELECT g.queue, g.group_key AS key FROM ${groups} g
-JOIN jsonb_to_recordset($1::jsonb) AS i(queue text, key text) ON g.queue = i.queue AND g.group_key = i.key
-ORDER BY g.queue, g.group_key
-FOR UPDATE OF g SKIP LOCKED`,
+    repairLock: `SELECT g.queue, g.group_key AS key FROM (SELECT * FROM ${GROUPS_IN} ORDER BY queue, key) AS i
+CROSS JOIN LATERAL (
+  SELECT queue, group_key FROM ${groups} WHERE queue = i.queue AND group_key = i.key FOR UPDATE SKIP LOCKED
+) AS g`,
 
-    // $1 jsonb [{queue, key}] locked by repairLock, read again in a new statement. The oracle is
+    // $1 queues, $2 keys locked by repairLock, read again in a new statement. The oracle is
     // the jobs table (groupProblem). A row that disagrees is set right (or deleted when the group
     // has no unfinished job) and returned with what was wrong; a headless row with no job left is
     // deleted silently (an emptied group whose settling was cut short), not reported.
     repairApply: `WITH checked AS MATERIALIZED (
   SELECT g.queue, g.group_key, g.head_id, g.held_token, g.blocked, n.id AS first_id, n.run_at, n.priority,
          ${groupProblem('g', 'n')} AS problem
-  FROM ${groups} g
-  JOIN jsonb_to_recordset($1::jsonb) AS i(queue text, key text) ON g.queue = i.queue AND g.group_key = i.key
+  FROM ${GROUPS_IN}
+  JOIN ${groups} g ON g.queue = i.queue AND g.group_key = i.key
   ${firstUnfinished('g')}
 ), fixed AS (
   UPDATE ${groups} AS g
@@ -612,12 +622,12 @@ FOR UPDATE OF g SKIP LOCKED`,
 )
 SELECT queue, group_key AS key, problem FROM checked WHERE problem IS NOT NULL`,
 
-    // $1 jsonb [{queue, key}]: groups repairCheck found with unfinished jobs and no row. Producers
+    // $1 queues, $2 keys: groups repairCheck found with unfinished jobs and no row. Producers
     // create the row in the transaction that adds the job, so a committed job without one is a
     // fault: the group gets a row headed by its lowest unfinished job.
     repairOrphans: `INSERT INTO ${groups} (queue, group_key, head_id, head_ready_at, head_priority)
 SELECT i.queue, i.key, n.id, n.run_at, n.priority
-FROM jsonb_to_recordset($1::jsonb) AS i(queue text, key text)
+FROM ${GROUPS_IN}
 ${firstUnfinished('i', 'key')}
 WHERE n.id IS NOT NULL
 ORDER BY i.queue, i.key

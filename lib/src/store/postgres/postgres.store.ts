@@ -460,11 +460,12 @@ export class PostgresQueueStore implements QueueStore {
       // statements when the look was taken.
       await this.driver.transaction(async (client) => {
         await client.query(`SET LOCAL lock_timeout = ${REPAIR_LOCK_TIMEOUT_MS}`);
-        const locked = await client.query<GroupRef>(this.sql.repairLock, [JSON.stringify(suspects)]);
+        const locked = await client.query<GroupRef>(this.sql.repairLock, groupArrays(suspects));
         if (locked.rows.length === 0) return;
-        const fixed = await client.query<{ queue: string; key: string; problem: string }>(this.sql.repairApply, [
-          JSON.stringify(locked.rows),
-        ]);
+        const fixed = await client.query<{ queue: string; key: string; problem: string }>(
+          this.sql.repairApply,
+          groupArrays(locked.rows),
+        );
         for (const row of fixed.rows) repairs.push({ queue: row.queue, groupKey: row.key, problem: row.problem });
       });
     }
@@ -472,9 +473,10 @@ export class PostgresQueueStore implements QueueStore {
       await this.driver.transaction(async (client) => {
         // ON CONFLICT waits for a producer creating the same row; bounded, and retried next pass.
         await client.query(`SET LOCAL lock_timeout = ${REPAIR_LOCK_TIMEOUT_MS}`);
-        const created = await client.query<{ queue: string; key: string; head_id: string }>(this.sql.repairOrphans, [
-          JSON.stringify(orphans),
-        ]);
+        const created = await client.query<{ queue: string; key: string; head_id: string }>(
+          this.sql.repairOrphans,
+          groupArrays(orphans),
+        );
         for (const row of created.rows) {
           repairs.push({
             queue: row.queue,
@@ -501,14 +503,22 @@ export class PostgresQueueStore implements QueueStore {
         throw new Error(`ordered groups did not settle: ${pending.length} group(s) kept being created or deleted`);
       }
       const rows = await client.query<GroupRef & { status: 'locked' | 'created' | 'missing' }>(this.sql.touchLock, [
-        JSON.stringify(pending.map(({ queue, key, id }) => ({ queue, key, id }))),
+        ...groupArrays(pending),
+        pending.map((head) => head.id),
       ]);
       const of = (status: string) =>
         rows.rows.filter((row) => row.status === status).map((row) => byGroup.get(groupId(row))!);
       locked.push(...of('locked'));
       pending = of('missing');
     }
-    if (locked.length > 0) await client.query(this.sql.touchMove, [JSON.stringify(locked)]);
+    if (locked.length === 0) return;
+    const retried = locked.flatMap((head) => (head.retried ?? []).map((id) => ({ ...head, id })));
+    await client.query(this.sql.touchMove, [
+      ...groupArrays(locked),
+      locked.map((head) => head.id),
+      ...groupArrays(retried),
+      retried.map((job) => job.id),
+    ]);
   }
 
   /**
@@ -523,8 +533,8 @@ export class PostgresQueueStore implements QueueStore {
     if (!emptied || emptied.length === 0) return;
     let done = new Set<string>();
     try {
-      const locked = await this.driver.query<GroupRef>(this.sql.settleLock, [JSON.stringify(emptied)]);
-      if (locked.rows.length > 0) await this.driver.query(this.sql.settleApply, [JSON.stringify(locked.rows)]);
+      const locked = await this.driver.query<GroupRef>(this.sql.settleLock, groupArrays(emptied));
+      if (locked.rows.length > 0) await this.driver.query(this.sql.settleApply, groupArrays(locked.rows));
       done = new Set(locked.rows.map(groupId));
     } catch {
       // The transition itself committed: a retry of it would answer 'already' and not report
@@ -543,7 +553,7 @@ export class PostgresQueueStore implements QueueStore {
             await client.query(`SET LOCAL lock_timeout = ${SETTLE_WAIT_MS}`);
             return (await client.query<GroupRef>(this.sql.settleLockWait, [group.queue, group.key])).rows;
           });
-          if (locked.length > 0) await this.driver.query(this.sql.settleApply, [JSON.stringify(locked)]);
+          if (locked.length > 0) await this.driver.query(this.sql.settleApply, groupArrays(locked));
           return;
         } catch {
           // A lock timeout (the producer's transaction is still open) or a lost connection: try
@@ -667,6 +677,11 @@ function enqueueManyParams(jobs: readonly NewJob[]): unknown[] {
 /** The `emptied_groups` column of the statements that release groups. */
 interface Emptied {
   emptied_groups: GroupRef[] | null;
+}
+
+/** Groups as the group statements take them: an array of queues and an array of keys. */
+function groupArrays(groups: readonly GroupRef[]): [string[], string[]] {
+  return [groups.map((group) => group.queue), groups.map((group) => group.key)];
 }
 
 function groupId(group: GroupRef): string {
