@@ -313,7 +313,9 @@ const CLAIM_HINTS = ['UPDLOCK', 'READPAST', 'READCOMMITTEDLOCK'];
 /**
  * A producer's update of its group row (the head moves to its job when the group is idle or
  * headed by a later job): a locking read, which waits for a transition emptying the group,
- * also where optimized locking would read the last committed version (research A.3).
+ * also where optimized locking would read the last committed version (research A.3). With no
+ * room for ROWLOCK, the bulk form (UPDATE … FROM, several groups) seeks each row (FORCESEEK);
+ * the one-job form names the whole key.
  */
 const isProducerHeadUpdate = (text: string, target: DmlTarget) =>
   target.table === '[sqlqueue].[Groups]' &&
@@ -354,7 +356,9 @@ describe('writes to Jobs, Attempts and Groups (issue 10, P4/P5; issue 11)', () =
         const expected = readpastClaim
           ? CLAIM_HINTS
           : isProducerHeadUpdate(text, target)
-            ? ['READCOMMITTEDLOCK']
+            ? target.how.startsWith('update via')
+              ? ['READCOMMITTEDLOCK', 'FORCESEEK']
+              : ['READCOMMITTEDLOCK']
             : ['ROWLOCK'];
         expect(target.hints, `${name}: ${target.statement} ${target.table} (${target.how})`).toEqual(expected);
       }
@@ -758,9 +762,16 @@ describe('ordered groups (issue 11)', () => {
       for (const ref of groupRefs) {
         expect(ref[2], `${name}: ${ref[0]}`).toBeDefined();
         expect(ref[2]).not.toMatch(/HOLDLOCK|SERIALIZABLE|REPEATABLEREAD|UPDLOCK|READPAST|NOLOCK|READUNCOMMITTED/);
+        // A read joined to a set of groups seeks each row: READCOMMITTEDLOCK leaves no room for
+        // ROWLOCK, and a scan could hold page locks to the caller's commit.
+        if (ref[1] && ref[2]!.includes('READCOMMITTEDLOCK'))
+          expect(ref[2], `${name}: ${ref[0]}`).toContain('FORCESEEK');
       }
+      expect(groupRefs.some((ref) => ref[2] === 'READCOMMITTEDLOCK, FORCESEEK') || name === 'enqueueOneGrouped').toBe(
+        true,
+      );
       const lock = text.indexOf("N'nestjs-sql-queue:group:'");
-      const recheck = text.indexOf('WITH (READCOMMITTEDLOCK)', lock);
+      const recheck = text.indexOf('WITH (READCOMMITTEDLOCK', lock);
       const create = text.indexOf('INSERT INTO [sqlqueue].[Groups] WITH (ROWLOCK)');
       expect(lock).toBeGreaterThan(0);
       expect(lock < recheck && recheck < create).toBe(true);

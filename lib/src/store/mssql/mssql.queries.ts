@@ -291,18 +291,25 @@ DECLARE @groupSeq int = 1, @groupLockCount int;
  * locking an UPDATE qualifies rows on their last committed version without waiting; "to force
  * blocking between two queries when optimized locking is enabled, use the READCOMMITTEDLOCK
  * query hint" (https://learn.microsoft.com/sql/relational-databases/performance/optimized-locking).
- * Once a job is in, no transition deletes its group's row (each deletes only when its dirty
- * read finds no unfinished job), so what the existence check found stays.
+ * The wait that matters is the existence check's: it runs after the insert, so a transition
+ * that locked the row before it is waited for, and one that locks it after it reads the job
+ * (dirty). Once a job is in, no transition deletes its group's row (each deletes only when its
+ * dirty read finds no unfinished job), so what the existence check found stays. The UPDATE
+ * keeps the hint too: it qualifies the row as committed now, in a caller's SNAPSHOT
+ * transaction as well. READCOMMITTEDLOCK fills the granularity slot (no ROWLOCK beside it), so
+ * the bulk reads and the UPDATE are made to seek each group's row (FORCESEEK): a scan of
+ * Groups could take page locks, held to the caller's commit, which READPAST claims of the
+ * other groups on those pages cannot skip.
  */
 function activateGroups(schema: string, groups: string): string {
   const headOf = `  UPDATE g
   SET [HeadId] = h.[Id], [HeadReadyAt] = h.[RunAt], [HeadPriority] = h.[Priority], [UpdatedAt] = SYSUTCDATETIME()
-  FROM ${groups} AS g WITH (READCOMMITTEDLOCK)
+  FROM ${groups} AS g WITH (READCOMMITTEDLOCK, FORCESEEK)
   INNER JOIN @heads AS h ON g.[Queue] = h.[Queue] AND g.[GroupKey] = h.[GroupKey]
   WHERE g.[HeldToken] IS NULL AND g.[Blocked] = 0 AND (g.[HeadId] IS NULL OR g.[HeadId] > h.[Id]);`;
   const found = (indent: string, extra: string) => `${indent}UPDATE h SET [Found] = 1
 ${indent}FROM @heads AS h
-${indent}WHERE ${extra}EXISTS (SELECT 1 FROM ${groups} AS g WITH (READCOMMITTEDLOCK) WHERE g.[Queue] = h.[Queue] AND g.[GroupKey] = h.[GroupKey]);`;
+${indent}WHERE ${extra}EXISTS (SELECT 1 FROM ${groups} AS g WITH (READCOMMITTEDLOCK, FORCESEEK) WHERE g.[Queue] = h.[Queue] AND g.[GroupKey] = h.[GroupKey]);`;
   return `${found('  ', '')}
   IF EXISTS (SELECT 1 FROM @heads WHERE [Found] = 0)
   BEGIN
