@@ -24,7 +24,8 @@ WHERE d.[database_id] = DB_ID();`;
 export const VIEW_SERVER_STATE = `SELECT HAS_PERMS_BY_NAME(NULL, NULL, N'VIEW SERVER STATE') AS [Granted];`;
 
 /** The session a request ran on, its open transactions and its IMPLICIT_TRANSACTIONS bit. */
-export const SESSION_STATE = `SELECT @@SPID AS [Spid], @@TRANCOUNT AS [TranCount], @@OPTIONS & 2 AS [ImplicitTransactions];`;
+export const SESSION_STATE = `SELECT @@SPID AS [Spid], @@TRANCOUNT AS [TranCount], @@OPTIONS & 2 AS [ImplicitTransactions],
+  (SELECT [deadlock_priority] FROM sys.dm_exec_sessions WHERE [session_id] = @@SPID) AS [DeadlockPriority];`;
 
 /**
  * Session state an application can leave on a pooled connection. Sent with `batch()` (a plain

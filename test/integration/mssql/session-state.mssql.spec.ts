@@ -44,6 +44,8 @@ interface SessionState {
   Spid: number;
   TranCount: number;
   ImplicitTransactions: number;
+  /** sys.dm_exec_sessions: 0 is NORMAL; the store's batches run at LOW and must leave it so. */
+  DeadlockPriority: number;
 }
 
 describeEachMssqlDatabase('session state the store does not own', (db) => {
@@ -59,7 +61,7 @@ describeEachMssqlDatabase('session state the store does not own', (db) => {
       await pool.request().batch(LEAVE_IMPLICIT_TRANSACTIONS);
       const state = async () => (await pool.request().batch<SessionState>(SESSION_STATE)).recordset[0]!;
       const before = await state();
-      expect(before).toMatchObject({ TranCount: 0, ImplicitTransactions: 2 });
+      expect(before).toMatchObject({ TranCount: 0, ImplicitTransactions: 2, DeadlockPriority: 0 });
 
       const shared = createMssqlStore({ pool }, { schema });
       const expectNoTransactionAfter = async (operation: string) => {
@@ -138,9 +140,10 @@ describeEachMssqlDatabase('session state the store does not own', (db) => {
       expect(await unlocked(queue)).toBe(6);
 
       // The application's own settings are its own: the store set its options inside its batches.
-      expect(await state(), 'IMPLICIT_TRANSACTIONS as the application left it').toMatchObject({
+      expect(await state(), 'IMPLICIT_TRANSACTIONS and DEADLOCK_PRIORITY as the application left them').toMatchObject({
         TranCount: 0,
         ImplicitTransactions: 2,
+        DeadlockPriority: 0,
       });
       expect(
         (await pool.request().batch(ROWCOUNT_PROBE)).recordset,

@@ -115,9 +115,17 @@ const OPEN_TRANSACTION_THROW = `  THROW ${MSSQL_OPEN_TRANSACTION}, N'nestjs-sql-
  * connectionIsolationLevel), and at SNAPSHOT or SERIALIZABLE every READPAST fails with error
  * 650 and update conflicts raise instead of reporting lost ownership. Set inside sp_executesql,
  * it reverts when the batch ends, like the SET options above.
+ * DEADLOCK_PRIORITY LOW: in a deadlock with an application's session (a producer's transaction
+ * holds its new jobs and group rows, or keys an idempotent enqueue waits on), the store's
+ * statement is the victim: "the current session will be the deadlock victim if ... other
+ * sessions involved in the deadlock chain have deadlock priority set to either NORMAL or HIGH"
+ * (https://learn.microsoft.com/sql/t-sql/statements/set-deadlock-priority-transact-sql). The
+ * store runs its statement again (run(), each is safe to repeat); the caller's transaction is
+ * the caller's to redo, so it should not be the one rolled back.
  */
 export const MSSQL_STORE_SESSION = `IF @@TRANCOUNT <> 0
 ${OPEN_TRANSACTION_THROW}${SESSION_SETTINGS}SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+SET DEADLOCK_PRIORITY LOW;
 `;
 
 /**
