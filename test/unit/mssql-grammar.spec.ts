@@ -468,14 +468,15 @@ describe('indexes after every migration serve the queries that need them (issue 
       "[State] = 'delayed' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()\n  ORDER BY [RunAt], [Id]",
     );
     const lease = claim.indexOf(
-      "[State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()\n  ORDER BY [Priority] DESC, [RunAt], [Id]",
+      "[State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()\n    ORDER BY [Priority] DESC, [RunAt], [Id]",
     );
     // Promotion first, as its own statement, so the claim that follows sees the promoted rows.
     expect(promote).toBeGreaterThan(0);
     expect(lease).toBeGreaterThan(promote);
     expect(claim).toMatch(/WITH due AS \(\n {2}SELECT TOP \(@limit\) \*\n/);
     expect(claim).toContain("UPDATE due\nSET [State] = 'ready';\nIF EXISTS (");
-    expect(claim).toMatch(/;\nWITH candidate AS \(\n {2}SELECT TOP \(@jobUnits\) \*\n/);
+    // In both branches (no claimable group: autocommit; some: with the group side).
+    expect(claim.match(/;\n {2}WITH candidate AS \(\n {4}SELECT TOP \(@jobUnits\) \*\n/g)).toHaveLength(2);
   });
 
   it('dead jobs: pages by queue and Id, purge by age, retention across queues by FinishedAt', () => {
@@ -734,22 +735,38 @@ describe('ordered groups (issue 11)', () => {
     }
   });
 
-  it('the claim leases a group batch only from its cached head, in one transaction, and pauses a stale group', () => {
+  it('the claim leases a group batch only from its cached head, in one transaction with its ungrouped jobs, and pauses a stale group', () => {
     const claim = queries.claim;
-    const group = claim.slice(claim.indexOf('IF @groupUnits > 0'));
+    const group = claim.slice(claim.indexOf('ELSE\nBEGIN\n  SET @jobUnits = @limit - @groupUnits;'));
     const begin = group.indexOf('BEGIN TRANSACTION;');
+    const ungrouped = group.indexOf('WITH candidate AS (');
     const hold = group.indexOf('UPDATE g\n  SET [HeldToken] = NEWID()');
+    const window = group.indexOf('CROSS APPLY (\n    SELECT TOP (@groupBatchSize) d.[Id]');
     const members = group.indexOf('CROSS APPLY (\n    SELECT TOP (@groupBatchSize) j.[Id], j.[State], j.[RunAt]');
     const lease = group.indexOf("SET [State] = 'leased', [ClaimToken] = h.[Token]");
     const stale = group.indexOf('SET [HeldToken] = NULL, [HeadId] = n.[Id]');
     const commit = group.indexOf('COMMIT TRANSACTION;');
-    expect([begin, hold, members, lease, stale, commit].every((at, i, all) => at > (i ? all[i - 1]! : 0))).toBe(true);
-    // Jobs are read with the claim hints (READPAST: never waits), leased with the group's token
-    // only when the first one read is the cached head and the batch stops at the first job not runnable.
-    expect(normal(group)).toContain("AND [State] IN ('ready', 'delayed', 'leased') AND [Id] >= [HeadId] ORDER BY [Id]");
+    const order = [begin, ungrouped, hold, window, members, lease, stale, commit];
+    expect(order.every((at, i, all) => at > (i ? all[i - 1]! : 0))).toBe(true);
+    // The window is a dirty read of the batch's first jobs; the locked read (READPAST: never
+    // waits) stops at its last id, however deep the group and however many of its jobs are
+    // locked. A job leased or not due ends the batch, and so does one the locked read passed over.
+    const windowRead = normal(group.slice(window, members));
+    expect(windowRead).toContain('WITH (READUNCOMMITTED)');
+    expect(windowRead).toContain("AND [State] IN ('ready', 'delayed', 'leased') AND [Id] >= [HeadId] ORDER BY [Id]");
+    expect(normal(group)).toContain(
+      "AND [State] IN ('ready', 'delayed', 'leased') AND [Id] >= [HeadId] AND [Id] <= [LastId] ORDER BY [Id]",
+    );
+    expect(normal(group)).toContain(
+      'SET [Runnable] = 0 FROM @members AS m WHERE NOT EXISTS (SELECT 1 FROM @window AS w WHERE [Id] = [Id] AND [Seq] = [Seq]);',
+    );
     expect(normal(group)).toContain('WHERE [GroupKey] = [GroupKey] AND [Seq] = 1 AND [Id] = [HeadId]');
     expect(normal(group)).toContain('AND [Seq] <= [Seq] AND [Runnable] = 0');
     expect(group).toContain('DATEADD(millisecond, 200, SYSUTCDATETIME())');
+    // Without a claimable group, the ungrouped claim runs alone, in autocommit.
+    const alone = claim.slice(claim.indexOf('IF @groupUnits = 0'), claim.indexOf('ELSE\nBEGIN'));
+    expect(alone).toContain('WITH candidate AS (');
+    expect(alone).not.toMatch(/BEGIN TRANSACTION|\[Groups\]/);
     // Units come back together, a batch in id order.
     expect(claim).toContain('ORDER BY [UnitPriority] DESC, [UnitAt], [UnitId], [Id];');
   });

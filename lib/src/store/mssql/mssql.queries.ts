@@ -606,17 +606,39 @@ ORDER BY i.[Ord];`;
 ${activateGroups(schema, groups)}
   END;`;
 
-  // The group side of a claim (@groupUnits groups), in one short transaction:
+  // A claim's ungrouped jobs (@jobUnits of them): the seed's READPAST claim of the ready index.
+  const candidateJobs = `  WITH candidate AS (
+    SELECT TOP (@jobUnits) *
+    FROM ${jobs} WITH (${CLAIM_HINTS})
+    WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()
+    ORDER BY [Priority] DESC, [RunAt], [Id]
+  )
+  UPDATE candidate
+  SET [State] = 'leased', [ClaimToken] = NEWID(), [Attempts] = [Attempts] + 1,
+      [LeaseUntil] = DATEADD(millisecond, @leaseMs, SYSUTCDATETIME()), [ClaimedAt] = SYSUTCDATETIME(), [WorkerId] = @workerId
+  OUTPUT inserted.[Id], inserted.[Queue], inserted.[Payload], inserted.[Priority], inserted.[GroupKey], inserted.[IdempotencyKey],
+         inserted.[Attempts], inserted.[MaxAttempts], inserted.[ClaimToken], inserted.[CreatedAt], inserted.[ClaimedAt],
+         inserted.[LeaseUntil], inserted.[Priority], inserted.[RunAt], inserted.[Id]
+  INTO @claimed;`;
+
+  // The group side of a claim (@groupUnits groups), in one short transaction with the claim's
+  // ungrouped jobs (so a failure, a deadlock victim's rollback say, leases nothing the store
+  // could not repeat: ungrouped jobs leased and committed before it would be lost to the caller
+  // until their lease expired):
   // 1. The best claimable groups are held: their rows are locked and skipped like the seed's
   //    ready rows (CLAIM_HINTS on Groups) and updated in place with a fresh token each. The group
   //    row is the only thing READPAST can skip here: skipping it means "another session is
   //    claiming or changing this group", never "this group has no head". The hold itself is a
   //    column (HeldToken), not a lock: it outlives this transaction, until the transition that
   //    releases it; only the holder's transitions move the head.
-  // 2. Each group's first @groupBatchSize unfinished jobs from its cached head are read and
-  //    locked (IX_Jobs_Group; READPAST: a job a producer has not committed is passed over). The
-  //    batch is the head and the due jobs right behind it: a job leased, or not due yet, ends
-  //    it. Nothing is leased unless the first job read is the cached head.
+  // 2. Each group's first @groupBatchSize unfinished jobs from its cached head are read twice:
+  //    dirty (@window: every job there, committed or not, without a lock) and then locked
+  //    (IX_Jobs_Group, CLAIM_HINTS; READPAST passes over a job another session has not
+  //    committed), the locked read bounded by the last id of the window, so it never walks a
+  //    deep group's jobs past the batch (a producer's thousand uncommitted jobs behind the head
+  //    included). The batch is the head and the due jobs right behind it: a job leased, not due
+  //    yet, or passed over (in the window, not locked: in flight) ends it, so a batch never
+  //    steps over a job. Nothing is leased unless the first job read is the cached head.
   // 3. The batch is leased with the group's token, and returned in id order (the caller runs
   //    it in that order, one job after the other).
   // 4. A group whose head could not be leased (a producer's job not committed yet or rolled
@@ -625,11 +647,14 @@ ${activateGroups(schema, groups)}
   //    STALE_HEAD_PAUSE_MS; a group with no unfinished job left is deleted.
   const groupClaim = `  DECLARE @held TABLE (
     [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY, [HeadId] bigint NOT NULL,
-    [HeadPriority] int NULL, [HeadReadyAt] datetime2(3) NULL, [Token] uniqueidentifier NOT NULL);
+    [HeadPriority] int NULL, [HeadReadyAt] datetime2(3) NULL, [Token] uniqueidentifier NOT NULL, [LastId] bigint NULL);
+  DECLARE @window TABLE (
+    [Id] bigint NOT NULL PRIMARY KEY, [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL, [Seq] bigint NOT NULL);
   DECLARE @members TABLE (
     [Id] bigint NOT NULL PRIMARY KEY, [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL,
     [Seq] bigint NOT NULL, [Runnable] bit NOT NULL);
-${atomically(`  WITH g AS (
+${atomically(`${candidateJobs}
+  WITH g AS (
     SELECT TOP (@groupUnits) *
     FROM ${groups} WITH (${CLAIM_HINTS})
     WHERE [Queue] = @queue AND ${CLAIMABLE_GROUP} AND [HeadReadyAt] <= SYSUTCDATETIME()
@@ -639,6 +664,18 @@ ${atomically(`  WITH g AS (
   SET [HeldToken] = NEWID(), [UpdatedAt] = SYSUTCDATETIME()
   OUTPUT inserted.[GroupKey], inserted.[HeadId], inserted.[HeadPriority], inserted.[HeadReadyAt], inserted.[HeldToken]
   INTO @held ([GroupKey], [HeadId], [HeadPriority], [HeadReadyAt], [Token]);
+  INSERT INTO @window ([Id], [GroupKey], [Seq])
+  SELECT w.[Id], h.[GroupKey], ROW_NUMBER() OVER (PARTITION BY h.[GroupKey] ORDER BY w.[Id])
+  FROM @held AS h
+  CROSS APPLY (
+    SELECT TOP (@groupBatchSize) d.[Id]
+    FROM ${jobs} AS d WITH (READUNCOMMITTED)
+    WHERE d.[Queue] = @queue AND d.[GroupKey] = h.[GroupKey] AND d.[GroupKey] IS NOT NULL
+      AND d.[State] IN ('ready', 'delayed', 'leased') AND d.[Id] >= h.[HeadId]
+    ORDER BY d.[Id]
+  ) AS w;
+  UPDATE h SET [LastId] = (SELECT MAX(w.[Id]) FROM @window AS w WHERE w.[GroupKey] = h.[GroupKey])
+  FROM @held AS h;
   INSERT INTO @members ([Id], [GroupKey], [Seq], [Runnable])
   SELECT m.[Id], h.[GroupKey], ROW_NUMBER() OVER (PARTITION BY h.[GroupKey] ORDER BY m.[Id]),
          CASE WHEN m.[State] <> 'leased' AND m.[RunAt] <= SYSUTCDATETIME() THEN 1 ELSE 0 END
@@ -647,9 +684,12 @@ ${atomically(`  WITH g AS (
     SELECT TOP (@groupBatchSize) j.[Id], j.[State], j.[RunAt]
     FROM ${jobs} AS j WITH (${CLAIM_HINTS})
     WHERE j.[Queue] = @queue AND j.[GroupKey] = h.[GroupKey] AND j.[GroupKey] IS NOT NULL
-      AND j.[State] IN ('ready', 'delayed', 'leased') AND j.[Id] >= h.[HeadId]
+      AND j.[State] IN ('ready', 'delayed', 'leased') AND j.[Id] >= h.[HeadId] AND j.[Id] <= h.[LastId]
     ORDER BY j.[Id]
   ) AS m;
+  UPDATE m SET [Runnable] = 0
+  FROM @members AS m
+  WHERE NOT EXISTS (SELECT 1 FROM @window AS w WHERE w.[Id] = m.[Id] AND w.[Seq] = m.[Seq]);
   DELETE m FROM @members AS m
   WHERE EXISTS (SELECT 1 FROM @members AS x WHERE x.[GroupKey] = m.[GroupKey] AND x.[Seq] <= m.[Seq] AND x.[Runnable] = 0)
      OR NOT EXISTS (SELECT 1 FROM @members AS f INNER JOIN @held AS h ON h.[GroupKey] = f.[GroupKey]
@@ -731,16 +771,16 @@ ${atomically(`  WITH g AS (
     // is claimed as its group's head, through the group's row. A queue without claimable groups
     // costs one more seek (an empty range of IX_Groups_Claimable) and claims as before. With some,
     // the @limit units (an ungrouped job, or a group's batch) go to the best of both in claim
-    // order, counted from a read that takes no lock and waits for none; the locking statements
-    // then take that many of each (best effort, as the order always is: a row another claimer
-    // holds is passed over). See groupClaim for the group side.
+    // order, counted from a read that waits for no lock (READPAST) and keeps none; the locking
+    // statements then take that many of each in one transaction (best effort, as the order
+    // always is: a row another claimer holds is passed over). See groupClaim for the group side.
     claim: `${MSSQL_STORE_SESSION}DECLARE @claimed TABLE (
   [Id] bigint NOT NULL, [Queue] nvarchar(128) NOT NULL, [Payload] nvarchar(max) NOT NULL, [Priority] int NOT NULL,
   [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL, [IdempotencyKey] nvarchar(255) NULL, [Attempts] int NOT NULL,
   [MaxAttempts] int NOT NULL, [ClaimToken] uniqueidentifier NOT NULL, [CreatedAt] datetime2(3) NOT NULL,
   [ClaimedAt] datetime2(3) NOT NULL, [LeaseUntil] datetime2(3) NOT NULL,
   [UnitPriority] int NULL, [UnitAt] datetime2(3) NULL, [UnitId] bigint NOT NULL);
-DECLARE @groupUnits int = 0, @jobUnits int = @limit;
+DECLARE @groupUnits int = 0, @jobUnits int;
 WITH due AS (
   SELECT TOP (@limit) *
   FROM ${jobs} WITH (${CLAIM_HINTS})
@@ -753,7 +793,6 @@ IF EXISTS (
   SELECT 1 FROM ${groups} WITH (READPAST, READCOMMITTEDLOCK)
   WHERE [Queue] = @queue AND ${CLAIMABLE_GROUP} AND [HeadReadyAt] <= SYSUTCDATETIME()
 )
-BEGIN
   SELECT @groupUnits = COUNT(*) FROM (
     SELECT TOP (@limit) u.[Kind] FROM (
       SELECT g.[Kind], g.[Priority], g.[RunAt], g.[Id] FROM (
@@ -771,23 +810,15 @@ BEGIN
     ORDER BY u.[Priority] DESC, u.[RunAt], u.[Id]
   ) AS best
   WHERE best.[Kind] = 1;
-  SET @jobUnits = @limit - @groupUnits;
-END;
-WITH candidate AS (
-  SELECT TOP (@jobUnits) *
-  FROM ${jobs} WITH (${CLAIM_HINTS})
-  WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()
-  ORDER BY [Priority] DESC, [RunAt], [Id]
-)
-UPDATE candidate
-SET [State] = 'leased', [ClaimToken] = NEWID(), [Attempts] = [Attempts] + 1,
-    [LeaseUntil] = DATEADD(millisecond, @leaseMs, SYSUTCDATETIME()), [ClaimedAt] = SYSUTCDATETIME(), [WorkerId] = @workerId
-OUTPUT inserted.[Id], inserted.[Queue], inserted.[Payload], inserted.[Priority], inserted.[GroupKey], inserted.[IdempotencyKey],
-       inserted.[Attempts], inserted.[MaxAttempts], inserted.[ClaimToken], inserted.[CreatedAt], inserted.[ClaimedAt],
-       inserted.[LeaseUntil], inserted.[Priority], inserted.[RunAt], inserted.[Id]
-INTO @claimed;
-IF @groupUnits > 0
+-- No claimable group: the ungrouped claim alone, in autocommit, as before ordered groups.
+IF @groupUnits = 0
 BEGIN
+  SET @jobUnits = @limit;
+${candidateJobs}
+END
+ELSE
+BEGIN
+  SET @jobUnits = @limit - @groupUnits;
 ${groupClaim}
 END;
 SELECT CAST([Id] AS varchar(20)) AS [Id], [Queue], [Payload], [Priority], [GroupKey], [IdempotencyKey], [Attempts], [MaxAttempts],
