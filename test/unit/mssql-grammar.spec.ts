@@ -825,6 +825,12 @@ describe('ordered groups (issue 11)', () => {
     );
     expect(repair).toContain("@LockOwner = 'Transaction', @LockTimeout = 0;");
     expect(repair).toContain('IF @lock >= 0 AND NOT EXISTS');
+    // An idle group headed by a job that is gone even to a dirty read (a producer's job, read
+    // uncommitted as the next head, rolled back) is fixed but not reported: the design allows it.
+    expect(normal(repair)).toContain(
+      'IF @problem IS NOT NULL AND @held IS NULL AND @blocked = 0 AND @headId IS NOT NULL AND NOT EXISTS (SELECT 1 FROM [sqlqueue].[Jobs] WITH (READUNCOMMITTED) WHERE [Id] = @headId) SET @expected = 1;',
+    );
+    expect(repair).toContain('SELECT CASE WHEN @expected = 0 THEN @problem END AS [Problem];');
     const find = queries.findGroupProblems;
     expect(find).not.toMatch(/UPDLOCK|BEGIN TRANSACTION/);
     for (const read of readsOf(find, 'Groups'))

@@ -193,6 +193,29 @@ describeEachMssqlDatabase('ordered groups under concurrency', (db) => {
     expect(await disagreements(db, schema, queue)).toEqual([]);
   });
 
+  it('a delayed job read uncommitted as the next head, then rolled back: the job behind it waits for the repair sweep, which fixes the head without reporting a fault', async () => {
+    const queue = newQueue('rolledbackhead');
+    const [first] = await enqueueIds([grouped(queue, 'g', { n: 1 })]);
+    const [running] = await claim(store, queue);
+    expect(running!.id).toBe(first);
+    const producer = await beginCallerTransaction(db.url);
+    let behind: string;
+    try {
+      // A lower id, due in an hour, not committed; then a ready job behind it, committed.
+      await store.enqueue([grouped(queue, 'g', { n: 2 }, { delayMs: 3_600_000 })], producer.transaction);
+      [behind] = (await enqueueIds([grouped(queue, 'g', { n: 3 })])) as [string];
+      // The completion's dirty read makes the uncommitted job the head, due in an hour.
+      await store.complete(owned([running!]));
+    } finally {
+      await producer.close(); // rolled back
+    }
+    expect(await claim(store, queue)).toEqual([]);
+    const repairs = [...(await store.repairGroups(10_000)), ...(await store.repairGroups(10_000))];
+    expect(repairs.filter((r) => r.queue === queue)).toEqual([]);
+    expect(idsOf(await claim(store, queue))).toEqual([behind]);
+    expect(await disagreements(db, schema, queue)).toEqual([]);
+  });
+
   it('producers of one new group serialize: the second waits for the first to commit, then joins behind its job', async () => {
     const queue = newQueue('newgroup');
     const p1 = await beginCallerTransaction(db.url);
