@@ -82,12 +82,15 @@ function releaseGroups(jobs: string, groups: string, changed: string): string {
          (array_agg(priority ORDER BY id) FILTER (WHERE state IN ('ready', 'delayed')))[1] AS back_priority
   FROM ${changed} WHERE group_key IS NOT NULL
   GROUP BY queue, group_key, token
+), still_leased AS MATERIALIZED (
+  -- Tokens that other jobs are still leased with (the rest of a group batch), in one set-based
+  -- read for all groups: a probe per group could walk every leased job of the queue each time.
+  SELECT DISTINCT s.claim_token AS token FROM ${jobs} s
+  WHERE s.claim_token IN (SELECT token FROM group_touched) AND s.state = 'leased' AND s.group_key IS NOT NULL
+    AND s.id NOT IN (SELECT c.id FROM ${changed} c)
 ), group_next AS MATERIALIZED (
   SELECT t.queue, t.group_key, t.token, t.blocking_id,
-    -- A batch job still leased with the token, found by the token (jobs_batch_ix).
-    EXISTS (SELECT 1 FROM ${jobs} s
-            WHERE s.claim_token = t.token AND s.state = 'leased' AND s.group_key IS NOT NULL
-              AND s.id <> ALL (t.changed_ids)) AS still_held,
+    t.token IN (SELECT token FROM still_leased) AS still_held,
     n.id AS head_id, n.run_at AS head_ready_at, n.priority AS head_priority
   FROM group_touched t
   LEFT JOIN LATERAL (
@@ -116,8 +119,14 @@ function releaseGroups(jobs: string, groups: string, changed: string): string {
 )`;
 }
 
-/** The groups a statement emptied, as one json array [{queue, key}] (null when none). */
-const EMPTIED_GROUPS = `(SELECT json_agg(json_build_object('queue', queue, 'key', group_key)) FROM group_released WHERE emptied) AS emptied_groups`;
+/**
+ * The groups a statement emptied, as one json array [{queue, key}] on its first row only (null on
+ * the others, and when none): repeated on every row, a batch of 500 completions that emptied
+ * 500 groups sent 500 copies of it, and parsing them cost more than the statement.
+ */
+const EMPTIED_GROUPS = `CASE WHEN row_number() OVER () = 1 THEN
+    (SELECT json_agg(json_build_object('queue', queue, 'key', group_key)) FROM group_released WHERE emptied)
+  END AS emptied_groups`;
 
 /** The groups a group statement takes: $1 queues and $2 keys, as arrays of the same length. */
 const GROUPS_IN = 'unnest($1::text[], $2::text[]) AS i(queue, key)';
@@ -136,13 +145,16 @@ export function pgQueries(schema: string): PgQueries {
   WHERE u.queue = ${alias}.queue AND u.group_key = ${alias}.${keyColumn} AND u.state IN ('ready', 'delayed', 'leased')
   ORDER BY u.id LIMIT 1
 ) AS n ON true`;
+  // The same as a row subquery (id, run_at, priority), for SET and EXISTS.
+  const firstUnfinishedRow = (alias: string) => `SELECT u.id, u.run_at, u.priority FROM ${jobs} u
+    WHERE u.queue = ${alias}.queue AND u.group_key = ${alias}.group_key AND u.state IN ('ready', 'delayed', 'leased')
+    ORDER BY u.id LIMIT 1`;
   // What is wrong with group row `g` whose first unfinished job is `n` (null: nothing). The
   // jobs table is the oracle: a held group needs a job leased with its token; a blocked one, a
   // dead job of the group as its head; any other, its lowest unfinished job as its head.
   const groupProblem = (g: string, n: string) => `CASE
-    WHEN ${g}.held_token IS NOT NULL AND NOT EXISTS (
-      SELECT 1 FROM ${jobs} l
-      WHERE l.claim_token = ${g}.held_token AND l.state = 'leased' AND l.group_key IS NOT NULL)
+    WHEN ${g}.held_token IS NOT NULL AND ${g}.held_token NOT IN (
+      SELECT l.claim_token FROM ${jobs} l WHERE l.state = 'leased' AND l.group_key IS NOT NULL AND l.claim_token IS NOT NULL)
       THEN 'held by token ' || ${g}.held_token::text || ', which no leased job of the group has'
     WHEN ${g}.blocked AND NOT EXISTS (
       SELECT 1 FROM ${jobs} d
@@ -464,90 +476,88 @@ SELECT id::text AS id, queue, state, attempts, ${EMPTIED_GROUPS} FROM reaped`,
 
     // ---- ordered groups ------------------------------------------------------------------
 
-    // $1 queues, $2 keys, $3 job ids (arrays; one entry per group): the lowest job id this call
-    // added to (or retried in) each group. Arrays, not json, so the planner knows how many rows
-    // come in (a plain, not prepared, statement is planned with its values): each group is one
-    // primary-key lookup, never a scan of the groups table. Runs in the producer's transaction, after the insert, and before
-    // touchMove. A group with no row gets one with the job as head ('created'). An existing row
-    // is locked FOR KEY SHARE ('locked'), which neither claims (FOR NO KEY UPDATE) nor completions
-    // conflict with, so a caller's long transaction holds up no one; it makes a completion that
-    // emptied the group wait for this transaction before it settles the group (settleLockWait),
-    // so the job is either seen by the settling or made the head by touchMove, never neither. A
-    // row this statement's snapshot cannot see (created or deleted concurrently) is 'missing', and
-    // the store runs the statement again.
+    // $1 queue, $2 keys, $3 job ids (one entry per group): the lowest job id this call added to
+    // (or retried in) each group of the queue. Arrays, not json, so the planner knows how many
+    // rows come in (a plain, not prepared, statement is planned with its values); each group is
+    // one primary-key lookup, and the CTEs are compared through hashed IN lists, never row by
+    // row. Runs in the producer's transaction, after the insert, and before touchMove. A group
+    // with no row gets one with the job as head ('created'). An existing row is locked FOR KEY
+    // SHARE ('locked'), which neither claims (FOR NO KEY UPDATE) nor completions conflict with, so
+    // a caller's long transaction holds up no one; it makes a completion that emptied the group
+    // wait for this transaction before it settles the group (settleLockWait), so the job is either
+    // seen by the settling or made the head by touchMove, never neither. A row this statement's
+    // snapshot cannot see (created or deleted concurrently) is 'missing', and the store runs the
+    // statement again.
     touchLock: `WITH input AS MATERIALIZED (
-  SELECT i.queue, i.key, i.id, j.run_at, j.priority
-  FROM unnest($1::text[], $2::text[], $3::bigint[]) AS i(queue, key, id)
-  JOIN ${jobs} j ON j.id = i.id AND j.state IN ('ready', 'delayed')
-), locked AS MATERIALIZED (
-  SELECT g.queue, g.group_key FROM (SELECT * FROM input ORDER BY queue, key) AS i
+  SELECT i.key, i.id, j.run_at, j.priority
+  FROM unnest($2::text[], $3::bigint[]) AS i(key, id)
+  -- LIMIT keeps the lookup a per-row primary-key probe (the planner would rather hash the table).
   CROSS JOIN LATERAL (
-    SELECT queue, group_key FROM ${groups} WHERE queue = i.queue AND group_key = i.key FOR KEY SHARE
-  ) AS g
+    SELECT run_at, priority FROM ${jobs} WHERE id = i.id AND state IN ('ready', 'delayed') LIMIT 1
+  ) AS j
+), locked AS MATERIALIZED (
+  SELECT group_key FROM ${groups}
+  WHERE queue = $1 AND group_key IN (SELECT key FROM input)
+  ORDER BY group_key
+  FOR KEY SHARE
 ), created AS (
   INSERT INTO ${groups} (queue, group_key, head_id, head_ready_at, head_priority)
-  SELECT i.queue, i.key, i.id, i.run_at, i.priority FROM input i
-  WHERE NOT EXISTS (SELECT 1 FROM locked l WHERE l.queue = i.queue AND l.group_key = i.key)
-  ORDER BY i.queue, i.key
+  SELECT $1, key, id, run_at, priority FROM input
+  WHERE key NOT IN (SELECT group_key FROM locked)
+  ORDER BY key
   ON CONFLICT (queue, group_key) DO NOTHING
-  RETURNING queue, group_key
+  RETURNING group_key
 )
-SELECT i.queue, i.key, i.id::text AS id,
-  CASE WHEN EXISTS (SELECT 1 FROM locked l WHERE l.queue = i.queue AND l.group_key = i.key) THEN 'locked'
-       WHEN EXISTS (SELECT 1 FROM created c WHERE c.queue = i.queue AND c.group_key = i.key) THEN 'created'
+SELECT key, id::text AS id,
+  CASE WHEN key IN (SELECT group_key FROM locked) THEN 'locked'
+       WHEN key IN (SELECT group_key FROM created) THEN 'created'
        ELSE 'missing' END AS status
-FROM input i`,
+FROM input`,
 
-    // $1 queues, $2 keys, $3 job ids: the groups touchLock locked, headed by the lowest new id
-    // of each; $4, $5, $6: every job retryDead moved back (queue, key, id), since a blocked group
-    // is released when its blocking job is one of them. A new statement, so its snapshot is
-    // younger than the lock: it sees every transition committed before the lock, and one running
-    // now makes this UPDATE wait and re-check (a decision taken on touchLock's older snapshot
-    // could miss a group just emptied, and leave the job to a settling that had already passed).
-    // The head moves to the job when the group is idle, or not held and headed by a later job (an
-    // earlier-numbered job committing late), or blocked by a job just retried.
+    // $1 queue, $2 keys, $3 job ids: the groups touchLock locked, headed by the lowest new id of
+    // each; $4 keys, $5 ids: every job retryDead moved back, since a blocked group is released
+    // when its blocking job is one of them. A new statement, so its snapshot is younger than the
+    // lock: it sees every transition committed before the lock, and one running now makes this
+    // UPDATE wait and re-check (a decision taken on touchLock's older snapshot could miss a group
+    // just emptied, and leave the job to a settling that had already passed). The head moves to
+    // the job when the group is idle, or not held and headed by a later job (an earlier-numbered
+    // job committing late), or blocked by a job just retried.
     touchMove: `UPDATE ${groups} AS g
 SET head_id = i.id, head_ready_at = j.run_at, head_priority = j.priority, blocked = false, updated_at = now()
-FROM unnest($1::text[], $2::text[], $3::bigint[]) AS i(queue, key, id)
-JOIN ${jobs} j ON j.id = i.id
-WHERE g.queue = i.queue AND g.group_key = i.key AND g.held_token IS NULL
+FROM unnest($2::text[], $3::bigint[]) AS i(key, id)
+CROSS JOIN LATERAL (SELECT run_at, priority FROM ${jobs} WHERE id = i.id LIMIT 1) AS j
+WHERE g.queue = $1 AND g.group_key = ANY ($2::text[]) AND g.group_key = i.key AND g.held_token IS NULL
   AND ((NOT g.blocked AND (g.head_id IS NULL OR g.head_id > i.id))
-       OR (g.blocked AND EXISTS (
-         SELECT 1 FROM unnest($4::text[], $5::text[], $6::bigint[]) AS r(queue, key, id)
-         WHERE r.queue = g.queue AND r.key = g.group_key AND r.id = g.head_id)))`,
+       OR (g.blocked AND g.head_id IN (SELECT r.id FROM unnest($4::text[], $5::bigint[]) AS r(key, id)
+                                       WHERE r.key = g.group_key)))`,
 
-    // $1 queues, $2 keys: groups a transition emptied. Locks those still idle and headless,
-    // skipping any a producer holds (its FOR KEY SHARE) or another session is settling.
-    settleLock: `SELECT g.queue, g.group_key AS key FROM (SELECT * FROM ${GROUPS_IN} ORDER BY queue, key) AS i
-CROSS JOIN LATERAL (
-  SELECT queue, group_key FROM ${groups}
-  WHERE queue = i.queue AND group_key = i.key AND head_id IS NULL AND held_token IS NULL AND NOT blocked
-  FOR UPDATE SKIP LOCKED
-) AS g`,
+    // $1 queue, $2 keys: groups of the queue a transition emptied. Locks those still idle and
+    // headless, skipping any a producer holds (its FOR KEY SHARE) or another session is settling.
+    // One queue and an array of keys: a primary-key index condition, whatever the planner thinks
+    // of how many groups are idle (its statistics see none, since none stays idle for long).
+    settleLock: `SELECT group_key AS key FROM ${groups}
+WHERE queue = $1 AND group_key = ANY ($2::text[]) AND head_id IS NULL AND held_token IS NULL AND NOT blocked
+ORDER BY group_key
+FOR UPDATE SKIP LOCKED`,
 
     // $1 queue, $2 key: the same for one group a producer was holding, waiting for it to commit
     // or roll back (bounded by the transaction's lock_timeout).
-    settleLockWait: `SELECT g.queue, g.group_key AS key FROM ${groups} g
-WHERE g.queue = $1 AND g.group_key = $2 AND g.head_id IS NULL AND g.held_token IS NULL AND NOT g.blocked
+    settleLockWait: `SELECT group_key AS key FROM ${groups}
+WHERE queue = $1 AND group_key = $2 AND head_id IS NULL AND held_token IS NULL AND NOT blocked
 FOR UPDATE`,
 
-    // $1 queues, $2 keys: groups settleLock locked, read again in a new statement (a new
+    // $1 queue, $2 keys: groups settleLock locked, read again in a new statement (a new
     // snapshot, which sees every producer that held them): the lowest unfinished job becomes the
     // head, and a group with none is deleted (producers create it again).
-    settleApply: `WITH input AS MATERIALIZED (
-  SELECT i.queue, i.key, n.id, n.run_at, n.priority
-  FROM ${GROUPS_IN}
-  ${firstUnfinished('i', 'key')}
-), headed AS (
+    settleApply: `WITH headed AS (
   UPDATE ${groups} AS g
-  SET head_id = i.id, head_ready_at = i.run_at, head_priority = i.priority, updated_at = now()
-  FROM input i
-  WHERE g.queue = i.queue AND g.group_key = i.key AND i.id IS NOT NULL
-    AND g.head_id IS NULL AND g.held_token IS NULL AND NOT g.blocked
+  SET (head_id, head_ready_at, head_priority) = (${firstUnfinishedRow('g')}), updated_at = now()
+  WHERE g.queue = $1 AND g.group_key = ANY ($2::text[])
+    AND g.head_id IS NULL AND g.held_token IS NULL AND NOT g.blocked AND EXISTS (${firstUnfinishedRow('g')})
 )
-DELETE FROM ${groups} AS g USING input i
-WHERE g.queue = i.queue AND g.group_key = i.key AND i.id IS NULL
-  AND g.head_id IS NULL AND g.held_token IS NULL AND NOT g.blocked`,
+DELETE FROM ${groups} AS g
+WHERE g.queue = $1 AND g.group_key = ANY ($2::text[])
+  AND g.head_id IS NULL AND g.held_token IS NULL AND NOT g.blocked AND NOT EXISTS (${firstUnfinishedRow('g')})`,
 
     // $1, $2 the last group row checked, $3, $4 the last group of jobs walked (nulls: from the
     // start), $5 page size. The repair sweep's look, without a lock: the next page of group rows

@@ -388,8 +388,11 @@ export class PostgresQueueStore implements QueueStore {
         row.group_key === null ? [] : [{ queue, key: row.group_key, id: row.id }],
       );
       const retriedByGroup = new Map<string, string[]>();
-      for (const job of grouped)
-        retriedByGroup.set(groupId(job), [...(retriedByGroup.get(groupId(job)) ?? []), job.id]);
+      for (const job of grouped) {
+        const ids = retriedByGroup.get(groupId(job));
+        if (ids) ids.push(job.id);
+        else retriedByGroup.set(groupId(job), [job.id]);
+      }
       await this.touchGroups(
         client,
         lowestPerGroup(grouped).map((head) => ({ ...head, retried: retriedByGroup.get(groupId(head)) })),
@@ -495,30 +498,34 @@ export class PostgresQueueStore implements QueueStore {
    * session since its snapshot leaves it to the next round, which sees it.
    */
   private async touchGroups(client: PgQueryable, heads: readonly GroupHead[]): Promise<void> {
-    const byGroup = new Map(heads.map((head) => [groupId(head), head]));
-    let pending = heads;
-    const locked: GroupHead[] = [];
-    for (let round = 0; pending.length > 0; round++) {
-      if (round === GROUP_TOUCH_ROUNDS) {
-        throw new Error(`ordered groups did not settle: ${pending.length} group(s) kept being created or deleted`);
+    for (const [queue, keys] of keysByQueue(heads)) {
+      const byKey = new Map(heads.filter((head) => head.queue === queue).map((head) => [head.key, head]));
+      let pending = keys.map((key) => byKey.get(key)!);
+      const locked: GroupHead[] = [];
+      for (let round = 0; pending.length > 0; round++) {
+        if (round === GROUP_TOUCH_ROUNDS) {
+          throw new Error(`ordered groups did not settle: ${pending.length} group(s) kept being created or deleted`);
+        }
+        const rows = await client.query<{ key: string; status: 'locked' | 'created' | 'missing' }>(this.sql.touchLock, [
+          queue,
+          pending.map((head) => head.key),
+          pending.map((head) => head.id),
+        ]);
+        const of = (status: string) =>
+          rows.rows.filter((row) => row.status === status).map((row) => byKey.get(row.key)!);
+        locked.push(...of('locked'));
+        pending = of('missing');
       }
-      const rows = await client.query<GroupRef & { status: 'locked' | 'created' | 'missing' }>(this.sql.touchLock, [
-        ...groupArrays(pending),
-        pending.map((head) => head.id),
+      if (locked.length === 0) continue;
+      const retried = locked.flatMap((head) => (head.retried ?? []).map((id) => ({ key: head.key, id })));
+      await client.query(this.sql.touchMove, [
+        queue,
+        locked.map((head) => head.key),
+        locked.map((head) => head.id),
+        retried.map((job) => job.key),
+        retried.map((job) => job.id),
       ]);
-      const of = (status: string) =>
-        rows.rows.filter((row) => row.status === status).map((row) => byGroup.get(groupId(row))!);
-      locked.push(...of('locked'));
-      pending = of('missing');
     }
-    if (locked.length === 0) return;
-    const retried = locked.flatMap((head) => (head.retried ?? []).map((id) => ({ ...head, id })));
-    await client.query(this.sql.touchMove, [
-      ...groupArrays(locked),
-      locked.map((head) => head.id),
-      ...groupArrays(retried),
-      retried.map((job) => job.id),
-    ]);
   }
 
   /**
@@ -531,16 +538,19 @@ export class PostgresQueueStore implements QueueStore {
    */
   private async settle(emptied: GroupRef[] | null | undefined): Promise<void> {
     if (!emptied || emptied.length === 0) return;
-    let done = new Set<string>();
-    try {
-      const locked = await this.driver.query<GroupRef>(this.sql.settleLock, groupArrays(emptied));
-      if (locked.rows.length > 0) await this.driver.query(this.sql.settleApply, groupArrays(locked.rows));
-      done = new Set(locked.rows.map(groupId));
-    } catch {
-      // The transition itself committed: a retry of it would answer 'already' and not report
-      // the groups again, so they are settled in the background instead of failing the call.
+    for (const [queue, keys] of keysByQueue(emptied)) {
+      let done = new Set<string>();
+      try {
+        const locked = await this.driver.query<{ key: string }>(this.sql.settleLock, [queue, keys]);
+        const lockedKeys = locked.rows.map((row) => row.key);
+        if (lockedKeys.length > 0) await this.driver.query(this.sql.settleApply, [queue, lockedKeys]);
+        done = new Set(lockedKeys);
+      } catch {
+        // The transition itself committed: a retry of it would answer 'already' and not report
+        // the groups again, so they are settled in the background instead of failing the call.
+      }
+      for (const key of keys) if (!done.has(key)) this.settleLater({ queue, key });
     }
-    for (const group of emptied) if (!done.has(groupId(group))) this.settleLater(group);
   }
 
   private settleLater(group: GroupRef): void {
@@ -551,9 +561,9 @@ export class PostgresQueueStore implements QueueStore {
         try {
           const locked = await this.driver.transaction(async (client) => {
             await client.query(`SET LOCAL lock_timeout = ${SETTLE_WAIT_MS}`);
-            return (await client.query<GroupRef>(this.sql.settleLockWait, [group.queue, group.key])).rows;
+            return (await client.query<{ key: string }>(this.sql.settleLockWait, [group.queue, group.key])).rows;
           });
-          if (locked.length > 0) await this.driver.query(this.sql.settleApply, groupArrays(locked));
+          if (locked.length > 0) await this.driver.query(this.sql.settleApply, [group.queue, [group.key]]);
           return;
         } catch {
           // A lock timeout (the producer's transaction is still open) or a lost connection: try
@@ -677,6 +687,17 @@ function enqueueManyParams(jobs: readonly NewJob[]): unknown[] {
 /** The `emptied_groups` column of the statements that release groups. */
 interface Emptied {
   emptied_groups: GroupRef[] | null;
+}
+
+/** Keys per queue, for the statements that take one queue and an array of its group keys. */
+function keysByQueue(groups: readonly GroupRef[]): Map<string, string[]> {
+  const byQueue = new Map<string, string[]>();
+  for (const { queue, key } of groups) {
+    const keys = byQueue.get(queue);
+    if (keys) keys.push(key);
+    else byQueue.set(queue, [key]);
+  }
+  return byQueue;
 }
 
 /** Groups as the group statements take them: an array of queues and an array of keys. */
