@@ -429,14 +429,17 @@ function firstUnfinished(
  * lowest of them that died in a queue whose groups stop on a dead job. A transition applies to
  * a group held by its token, or held by none and not blocked (a late transition after the
  * reaper let the group go); a group another token holds is left alone.
- * 1. The rows are locked first, then the jobs are read: a producer that inserted a job into the
+ * 1. A group batch holds the group while any of its jobs is still leased with the token: such a
+ *    group is left as it is, its row not even written. (A dirty read, after this transition's
+ *    own job writes: of two transitions of one token at once, say a completion and the reaper,
+ *    each writes its job before it reads the other's, so at least one sees both jobs moved.)
+ * 2. The rows are locked, then the jobs are read: a producer that inserted a job into the
  *    group before this lock is seen by the dirty reads below, and one that inserts after it
  *    waits for this commit in its own update of the row (activateGroups), so the job is never
  *    missed by both. Every job write of the transition came before this lock, and every job
  *    read after it is a dirty one (it never waits), so a transition never holds a group row
  *    while waiting for a job row: no cycle with a producer that holds its new job and waits for
  *    the group row.
- * 2. A group batch holds the group while any of its jobs is still leased with the token.
  * 3. A job that died under 'block' becomes the head of its group, which stops.
  * 4. Else the group is released, headed by its lowest unfinished job (a job retried after a
  *    failure is its own group's head again, with its new run time).
@@ -445,13 +448,13 @@ function firstUnfinished(
 function settleGroups(jobs: string, groups: string, indent = '    '): string {
   const applies = `(g.[HeldToken] = t.[Token] OR (g.[HeldToken] IS NULL AND g.[Blocked] = 0))`;
   const join = `INNER JOIN @touched AS t ON g.[Queue] = t.[Queue] AND g.[GroupKey] = t.[GroupKey]`;
-  return `${indent}UPDATE g SET [UpdatedAt] = SYSUTCDATETIME()
+  return `${indent}DELETE t FROM @touched AS t
+${indent}WHERE EXISTS (SELECT 1 FROM ${jobs} AS s WITH (READUNCOMMITTED)
+${indent}              WHERE s.[State] = 'leased' AND s.[GroupKey] IS NOT NULL AND s.[ClaimToken] = t.[Token]);
+${indent}UPDATE g SET [UpdatedAt] = SYSUTCDATETIME()
 ${indent}FROM ${groups} AS g WITH (ROWLOCK)
 ${indent}${join}
 ${indent}WHERE ${applies};
-${indent}DELETE t FROM @touched AS t
-${indent}WHERE EXISTS (SELECT 1 FROM ${jobs} AS s WITH (READUNCOMMITTED)
-${indent}              WHERE s.[State] = 'leased' AND s.[GroupKey] IS NOT NULL AND s.[ClaimToken] = t.[Token]);
 ${indent}UPDATE g
 ${indent}SET [HeldToken] = NULL, [Blocked] = 1, [HeadId] = t.[BlockId], [HeadReadyAt] = NULL, [HeadPriority] = NULL,
 ${indent}    [UpdatedAt] = SYSUTCDATETIME()
