@@ -29,7 +29,7 @@ import type {
   ReapedJob,
 } from '../../core/types.js';
 import { assertSchemaName, settingsByQueue } from '../../core/validation.js';
-import { withTimeout } from '../../core/timeout.js';
+import { settleWithin, withTimeout } from '../../core/timeout.js';
 import { asCallerTransaction, type PgDriver, type PgQueryable } from './postgres.driver.js';
 import { isTransientPgError } from './postgres.errors.js';
 import { PG_LATEST_VERSION, PG_MIGRATIONS, pgBootstrap, pgMigrationLockKey } from './postgres.migrations.js';
@@ -45,6 +45,8 @@ const GROUP_TOUCH_ROUNDS = 5;
  */
 const SETTLE_WAIT_MS = 5_000;
 const SETTLE_TRIES = 120;
+/** Emptied groups settled per pair of statements. */
+const SETTLE_BATCH = 1_000;
 /** The repair sweep waits at most this long on a row lock before leaving a page for a later pass. */
 const REPAIR_LOCK_TIMEOUT_MS = 2_000;
 
@@ -71,6 +73,9 @@ export class PostgresQueueStore implements QueueStore {
   readonly channel: string;
   /** Emptied groups waiting (in the background) for a producer's transaction before they settle. */
   private readonly settling = new Map<string, Promise<void>>();
+  /** Emptied groups to settle, and the loop settling them. */
+  private readonly toSettle = new Map<string, GroupRef>();
+  private settlingNow: Promise<void> | null = null;
   private closed = false;
   private rowSweep: SweepCursor = null;
   private orphanSweep: SweepCursor = null;
@@ -275,7 +280,7 @@ export class PostgresQueueStore implements QueueStore {
     const rows = await this.run<{ id: string; outcome: OwnershipOutcome } & Emptied>(null, 'complete', [
       ownedJson(items),
     ]);
-    await this.settle(rows[0]?.emptied_groups);
+    this.settle(rows[0]?.emptied_groups);
     return rows.map((row) => ({ id: row.id, outcome: row.outcome }));
   }
 
@@ -296,7 +301,7 @@ export class PostgresQueueStore implements QueueStore {
         })),
       ),
     ]);
-    await this.settle(rows[0]?.emptied_groups);
+    this.settle(rows[0]?.emptied_groups);
     return rows.map((row) => ({ id: row.id, outcome: row.outcome, state: row.state ?? null }));
   }
 
@@ -305,7 +310,7 @@ export class PostgresQueueStore implements QueueStore {
     const rows = await this.run<{ id: string; outcome: OwnershipOutcome } & Emptied>(null, 'release', [
       ownedJson(items),
     ]);
-    await this.settle(rows[0]?.emptied_groups);
+    this.settle(rows[0]?.emptied_groups);
     return rows.map((row) => ({ id: row.id, outcome: row.outcome }));
   }
 
@@ -315,7 +320,7 @@ export class PostgresQueueStore implements QueueStore {
       'reap',
       [batchSize],
     );
-    await this.settle(rows[0]?.emptied_groups);
+    this.settle(rows[0]?.emptied_groups);
     return rows.map((row) => ({ id: row.id, queue: row.queue, state: row.state, attempt: Number(row.attempts) }));
   }
 
@@ -411,7 +416,7 @@ export class PostgresQueueStore implements QueueStore {
         PURGE_BATCH,
       ]);
       const deleted = Number(rows.rows[0]?.deleted ?? 0);
-      await this.settle(rows.rows[0]?.emptied_groups);
+      this.settle(rows.rows[0]?.emptied_groups);
       total += deleted;
       if (deleted < PURGE_BATCH) return total;
     }
@@ -536,20 +541,31 @@ export class PostgresQueueStore implements QueueStore {
    * holds are settled in the background, waiting for its transaction, so a caller's long
    * transaction never holds up the worker that completed a job.
    */
-  private async settle(emptied: GroupRef[] | null | undefined): Promise<void> {
-    if (!emptied || emptied.length === 0) return;
-    for (const [queue, keys] of keysByQueue(emptied)) {
-      let done = new Set<string>();
-      try {
-        const locked = await this.driver.query<{ key: string }>(this.sql.settleLock, [queue, keys]);
-        const lockedKeys = locked.rows.map((row) => row.key);
-        if (lockedKeys.length > 0) await this.driver.query(this.sql.settleApply, [queue, lockedKeys]);
-        done = new Set(lockedKeys);
-      } catch {
-        // The transition itself committed: a retry of it would answer 'already' and not report
-        // the groups again, so they are settled in the background instead of failing the call.
+  private settle(emptied: GroupRef[] | null | undefined): void {
+    if (!emptied || emptied.length === 0 || this.closed) return;
+    for (const group of emptied) this.toSettle.set(groupId(group), group);
+    this.settlingNow ??= this.settleLoop().finally(() => {
+      this.settlingNow = null;
+    });
+  }
+
+  /** Settles emptied groups in batches, off the path of the call that emptied them. */
+  private async settleLoop(): Promise<void> {
+    while (this.toSettle.size > 0 && !this.closed) {
+      const batch = [...this.toSettle.values()].slice(0, SETTLE_BATCH);
+      for (const group of batch) this.toSettle.delete(groupId(group));
+      for (const [queue, keys] of keysByQueue(batch)) {
+        let done = new Set<string>();
+        try {
+          const locked = await this.driver.query<{ key: string }>(this.sql.settleLock, [queue, keys]);
+          const lockedKeys = locked.rows.map((row) => row.key);
+          if (lockedKeys.length > 0) await this.driver.query(this.sql.settleApply, [queue, lockedKeys]);
+          done = new Set(lockedKeys);
+        } catch {
+          // Left to the per-group waits below, which retry.
+        }
+        for (const key of keys) if (!done.has(key)) this.settleLater({ queue, key });
       }
-      for (const key of keys) if (!done.has(key)) this.settleLater({ queue, key });
     }
   }
 
@@ -605,6 +621,9 @@ export class PostgresQueueStore implements QueueStore {
   }
 
   async close(): Promise<void> {
+    // What is being settled finishes first (bounded); groups left unsettled are headless rows
+    // with no job, which a producer heads again or the repair sweep deletes.
+    if (this.settlingNow) await settleWithin(this.settlingNow, 5_000);
     this.closed = true;
     await this.driver.close();
   }
