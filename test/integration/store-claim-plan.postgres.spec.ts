@@ -4,6 +4,7 @@ import { pgQueries } from '../../lib/src/store/postgres/postgres.queries.js';
 import { prepareJob } from '../../lib/src/core/validation.js';
 import { PG_URL, sql } from '../helpers/databases.js';
 import { migratedPgStore } from '../helpers/pg-store.js';
+import { waitFor } from '../helpers/wait-for.js';
 
 interface PlanNode {
   'Node Type': string;
@@ -93,5 +94,73 @@ describe('the PostgreSQL claim reads due work only, whatever the delayed backlog
     const claimed = await db.store.claim({ queue, limit: 10, leaseMs: 30_000, workerId: 'plan-test' });
     expect(claimed.map((c) => c.payload)).toEqual([0, 1, 2, 3, 4].map((due) => ({ due })));
     expect(await db.store.stats(queue)).toMatchObject({ ready: 0, delayed, leased: 5 });
+  });
+});
+
+/**
+ * The same for ordered groups: a group whose head is not due (a delayed job, a retry backing off)
+ * waits outside the claim's ordered index of groups, so a claim does not walk 20,000 such groups
+ * of a higher priority to reach the due ones; and once due, the first claim promotes and takes it.
+ */
+describe('the PostgreSQL claim reads due groups only, whatever the groups waiting for their time', () => {
+  const db = migratedPgStore('claimplangrp');
+  const schema = db.schema;
+  const queue = 'plan.g';
+  const waiting = 20_000;
+  const limits = { maxPayloadBytes: 1024, defaultMaxAttempts: 3 };
+
+  beforeAll(async () => {
+    const backlog = Array.from({ length: waiting }, (_, i) =>
+      prepareJob(queue, { i }, { priority: 5, delayMs: 3_600_000, groupKey: `later-${i}` }, limits),
+    );
+    for (let i = 0; i < backlog.length; i += 5000) await db.store.enqueue(backlog.slice(i, i + 5000));
+    await db.store.enqueue(
+      Array.from({ length: 5 }, (_, i) => prepareJob(queue, { due: i }, { groupKey: `now-${i}` }, limits)),
+    );
+    await db.store.enqueue([prepareJob(queue, { soon: true }, { groupKey: 'soon', delayMs: 300 }, limits)]);
+    await sql(PG_URL, `ANALYZE "${schema}".jobs, "${schema}".groups`);
+  }, 60_000);
+
+  function groupScans(node: PlanNode, out: PlanNode[] = []): PlanNode[] {
+    if (node['Relation Name'] === 'groups' && node['Node Type'].includes('Scan')) out.push(node);
+    for (const child of node.Plans ?? []) groupScans(child, out);
+    return out;
+  }
+
+  it('reads a few pages of the group indexes, none of the 20,000 waiting groups of higher priority', async () => {
+    const client = new pg.Client({ connectionString: PG_URL });
+    await client.connect();
+    try {
+      await client.query('BEGIN');
+      const { rows } = await client.query<{ 'QUERY PLAN': [{ Plan: PlanNode }] }>(
+        `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ${pgQueries(schema).claim}`,
+        [queue, 2, 30_000, 'plan-test', 1],
+      );
+      const scans = groupScans(rows[0]!['QUERY PLAN'][0].Plan).map((n) => ({
+        node: `${n['Node Type']} ${n['Index Name'] ?? ''}`.trim(),
+        rows: n['Actual Rows'] * n['Actual Loops'],
+        pages: (n['Shared Hit Blocks'] ?? 0) + (n['Shared Read Blocks'] ?? 0),
+      }));
+      const text = JSON.stringify(scans);
+      expect(
+        scans.some((s) => s.node.startsWith('Seq Scan')),
+        text,
+      ).toBe(false);
+      const claimable = scans.find((s) => s.node === 'Index Scan groups_claim_ix');
+      const due = scans.find((s) => s.node === 'Index Scan groups_waiting_ix');
+      expect([claimable?.rows, due?.rows], text).toEqual([2, 0]);
+      expect(claimable!.pages + due!.pages, text).toBeLessThanOrEqual(12);
+    } finally {
+      await client.query('ROLLBACK').catch(() => undefined);
+      await client.end();
+    }
+  });
+
+  it('and the claim leases due heads only; a waiting head is taken once due', async () => {
+    const claim = () => db.store.claim({ queue, limit: 10, leaseMs: 30_000, workerId: 'plan-test' });
+    expect((await claim()).map((c) => c.payload)).toEqual([0, 1, 2, 3, 4].map((due) => ({ due })));
+    // The 'soon' group's head is due 300 ms after its enqueue: a claim then takes it.
+    const soon = await waitFor(claim, (claimed) => claimed.length > 0, { timeoutMs: 5_000, what: "the 'soon' head" });
+    expect(soon.map((c) => c.payload)).toEqual([{ soon: true }]);
   });
 });

@@ -1211,6 +1211,9 @@ export function describeStoreContract(target: StoreTarget): void {
         );
         const again = await units(queue, 10, 3);
         expect(idsOf(again)).toEqual(ids);
+        // Only the batch's first job can have started: the second got its attempt back.
+        expect(again.map((c) => c.attempt)).toEqual([2, 1, 1]);
+        expect((await store.getAttempts(ids[1]!)).map((a) => a.outcome)).toEqual([]);
         expect(new Set(again.map((c) => c.claimToken)).size).toBe(1);
         expect(again[0]!.claimToken).not.toBe(batch[0]!.claimToken);
         expect(await store.complete(owned(batch))).toEqual(batch.map((c) => ({ id: c.id, outcome: 'lost' })));
@@ -1288,6 +1291,34 @@ export function describeStoreContract(target: StoreTarget): void {
         expect(retried.map((c) => [c.id, c.attempt])).toEqual([[a1, 1]]);
         await store.complete(owned(retried));
         expect(idsOf(await units(queue, 10))).toEqual([a2]);
+        await expectNothingToRepair(queue);
+      });
+
+      it("groupOnDead 'block': retrying an older dead job together with the blocking one releases the group, the older first", async () => {
+        const queue = newQueue('grp-block-older');
+        // j1 dies while the queue continues past dead jobs; j2 dies once it blocks.
+        await store.recordQueueSettings([{ queue, maxAttempts: 3, groupOnDead: 'continue' }]);
+        const [j1, j2, j3] = await enqueueIds([
+          grouped(queue, 'g', { n: 1 }, { maxAttempts: 1 }),
+          grouped(queue, 'g', { n: 2 }, { maxAttempts: 1 }),
+          grouped(queue, 'g', { n: 3 }),
+        ]);
+        const first = await units(queue, 10);
+        expect(await store.fail([failure(first[0]!, 'old poison')])).toEqual([
+          { id: j1, outcome: 'ok', state: 'dead' },
+        ]);
+        await store.recordQueueSettings([{ queue, maxAttempts: 3, groupOnDead: 'block' }]);
+        const second = await units(queue, 10);
+        expect(idsOf(second)).toEqual([j2]);
+        await store.fail([failure(second[0]!, 'poison')]);
+        expect((await store.listBlockedGroups(queue, { limit: 10 })).groups.map((g) => g.jobId)).toEqual([j2]);
+        expect(sortIds(await store.retryDead(queue, [j1!, j2!]))).toEqual([j1, j2]);
+        expect((await store.stats(queue)).blockedGroups).toBe(0);
+        for (const expected of [j1, j2, j3]) {
+          const next = await units(queue, 10);
+          expect(idsOf(next)).toEqual([expected]);
+          await store.complete(owned(next));
+        }
         await expectNothingToRepair(queue);
       });
 

@@ -123,6 +123,9 @@ export const PG_MIGRATIONS: readonly PgMigration[] = [
   head_id bigint NULL,
   head_ready_at timestamptz NULL,
   head_priority integer NULL,
+  -- The head was not due when it was set (a delayed job, a retry backing off): it waits in
+  -- groups_waiting_ix, outside the claim's ordered index, until a claim after its time promotes it.
+  waiting boolean NOT NULL DEFAULT false,
   held_token uuid NULL,
   blocked boolean NOT NULL DEFAULT false,
   updated_at timestamptz NOT NULL DEFAULT now(),
@@ -132,7 +135,9 @@ export const PG_MIGRATIONS: readonly PgMigration[] = [
         // on the page and eager vacuuming keep the table and its index small under churn.
         `ALTER TABLE ${s}.groups SET (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000)`,
         `CREATE INDEX groups_claim_ix ON ${s}.groups (queue, head_priority DESC, head_ready_at, head_id)
-  WHERE held_token IS NULL AND head_id IS NOT NULL AND NOT blocked`,
+  WHERE held_token IS NULL AND head_id IS NOT NULL AND NOT blocked AND NOT waiting`,
+        `CREATE INDEX groups_waiting_ix ON ${s}.groups (queue, head_ready_at, head_id)
+  WHERE held_token IS NULL AND head_id IS NOT NULL AND NOT blocked AND waiting`,
         `CREATE INDEX groups_blocked_ix ON ${s}.groups (queue, group_key) WHERE blocked`,
         `DROP INDEX ${s}.jobs_claim_ix`,
         `CREATE INDEX jobs_claim_ix ON ${s}.jobs (queue, priority DESC, run_at, id) WHERE state = 'ready' AND group_key IS NULL`,
@@ -147,8 +152,8 @@ export const PG_MIGRATIONS: readonly PgMigration[] = [
   ADD CONSTRAINT queue_settings_group_on_dead_ck CHECK (group_on_dead IN ('continue', 'block'))`,
         // Before version 4 a group's jobs could be leased together; the lowest leased one's token
         // holds the group, and the others finish without moving it (they do not hold it).
-        `INSERT INTO ${s}.groups (queue, group_key, head_id, head_ready_at, head_priority, held_token)
-SELECT DISTINCT ON (queue, group_key) queue, group_key, id, run_at, priority,
+        `INSERT INTO ${s}.groups (queue, group_key, head_id, head_ready_at, head_priority, waiting, held_token)
+SELECT DISTINCT ON (queue, group_key) queue, group_key, id, run_at, priority, run_at > now(),
        (SELECT l.claim_token FROM ${s}.jobs l
         WHERE l.queue = j.queue AND l.group_key = j.group_key AND l.state = 'leased' ORDER BY l.id LIMIT 1)
 FROM ${s}.jobs j

@@ -110,6 +110,7 @@ function releaseGroups(jobs: string, groups: string, changed: string): string {
       blocked = n.blocking_id IS NOT NULL,
       head_id = COALESCE(n.blocking_id, n.head_id),
       head_ready_at = CASE WHEN n.blocking_id IS NULL THEN n.head_ready_at END,
+      waiting = COALESCE(n.blocking_id IS NULL AND n.head_ready_at > now(), false),
       head_priority = CASE WHEN n.blocking_id IS NULL THEN n.head_priority END,
       updated_at = now()
   FROM group_next n
@@ -146,7 +147,10 @@ export function pgQueries(schema: string): PgQueries {
   ORDER BY u.id LIMIT 1
 ) AS n ON true`;
   // The same as a row subquery (id, run_at, priority), for SET and EXISTS.
-  const firstUnfinishedRow = (alias: string) => `SELECT u.id, u.run_at, u.priority FROM ${jobs} u
+  const firstUnfinishedRow = (
+    alias: string,
+    extra?: string,
+  ) => `SELECT u.id, u.run_at, u.priority${extra ? `, ${extra}` : ''} FROM ${jobs} u
     WHERE u.queue = ${alias}.queue AND u.group_key = ${alias}.group_key AND u.state IN ('ready', 'delayed', 'leased')
     ORDER BY u.id LIMIT 1`;
   // What is wrong with group row `g` whose first unfinished job is `n` (null: nothing). The
@@ -287,8 +291,16 @@ JOIN ${jobs} j ON j.queue = k.queue AND j.idempotency_key = k.key`,
   FOR UPDATE SKIP LOCKED
 ), due_groups AS MATERIALIZED (
   SELECT group_key, head_id AS id, head_priority AS priority, head_ready_at AS run_at FROM ${groups}
-  WHERE queue = $1 AND held_token IS NULL AND head_id IS NOT NULL AND NOT blocked AND head_ready_at <= now()
+  WHERE queue = $1 AND held_token IS NULL AND head_id IS NOT NULL AND NOT blocked AND NOT waiting
+    AND head_ready_at <= now()
   ORDER BY head_priority DESC, head_ready_at, head_id
+  LIMIT $2
+  FOR NO KEY UPDATE SKIP LOCKED
+), due_waiting_groups AS MATERIALIZED (
+  SELECT group_key, head_id AS id, head_priority AS priority, head_ready_at AS run_at FROM ${groups}
+  WHERE queue = $1 AND held_token IS NULL AND head_id IS NOT NULL AND NOT blocked AND waiting
+    AND head_ready_at <= now()
+  ORDER BY head_ready_at, head_id
   LIMIT $2
   FOR NO KEY UPDATE SKIP LOCKED
 ), ranked AS MATERIALIZED (
@@ -296,9 +308,11 @@ JOIN ${jobs} j ON j.queue = k.queue AND j.idempotency_key = k.key`,
   SELECT id, kind, group_key, row_number() OVER (ORDER BY priority DESC, run_at, id) <= $2 AS lease
   FROM (SELECT id, priority, run_at, 'ready' AS kind, NULL::varchar AS group_key FROM due_ready
         UNION ALL SELECT id, priority, run_at, 'delayed', NULL FROM due_delayed
-        UNION ALL SELECT id, priority, run_at, 'group', group_key FROM due_groups) AS due
+        UNION ALL SELECT id, priority, run_at, 'group', group_key FROM due_groups
+        UNION ALL SELECT id, priority, run_at, 'waiting group', group_key FROM due_waiting_groups) AS due
 ), chosen_groups AS MATERIALIZED (
-  SELECT group_key, id AS head_id, gen_random_uuid() AS token FROM ranked WHERE kind = 'group' AND lease
+  SELECT group_key, id AS head_id, gen_random_uuid() AS token FROM ranked
+  WHERE kind IN ('group', 'waiting group') AND lease
 ), members AS MATERIALIZED (
   SELECT m.id, g.token FROM chosen_groups g
   CROSS JOIN LATERAL (
@@ -314,7 +328,7 @@ JOIN ${jobs} j ON j.queue = k.queue AND j.idempotency_key = k.key`,
     WHERE b.runnable AND b.first_id = g.head_id
   ) AS m
 ), candidates AS MATERIALIZED (
-  SELECT id, true AS lease, gen_random_uuid() AS token FROM ranked WHERE kind <> 'group' AND lease
+  SELECT id, true AS lease, gen_random_uuid() AS token FROM ranked WHERE kind IN ('ready', 'delayed') AND lease
   UNION ALL
   SELECT id, false, NULL FROM ranked WHERE kind = 'delayed' AND NOT lease
   UNION ALL
@@ -332,11 +346,17 @@ JOIN ${jobs} j ON j.queue = k.queue AND j.idempotency_key = k.key`,
   RETURNING c.lease, j.id, j.payload, j.priority, j.group_key, j.idempotency_key, j.attempts, j.max_attempts,
             j.claim_token, j.created_at, j.claimed_at, j.lease_until
 ), held AS (
+  -- Chosen groups are held (or, with a stale head, set aside for a second); due waiting groups
+  -- that lost their place are promoted to the ordered index, as due delayed jobs are.
   UPDATE ${groups} AS g
-  SET held_token = CASE WHEN h.leased THEN c.token END,
-      head_ready_at = CASE WHEN h.leased THEN g.head_ready_at ELSE now() + interval '1 second' END,
+  SET held_token = CASE WHEN c.chosen AND h.leased THEN c.token END,
+      head_ready_at = CASE WHEN c.chosen AND NOT h.leased THEN now() + interval '1 second' ELSE g.head_ready_at END,
+      waiting = c.chosen AND NOT h.leased,
       updated_at = now()
-  FROM chosen_groups c
+  FROM (SELECT group_key, head_id, token, true AS chosen FROM chosen_groups
+        UNION ALL
+        SELECT w.group_key, w.id, NULL, false FROM due_waiting_groups w
+        WHERE w.group_key NOT IN (SELECT group_key FROM chosen_groups)) AS c
   CROSS JOIN LATERAL (SELECT EXISTS (SELECT 1 FROM updated u WHERE u.id = c.head_id) AS leased) AS h
   WHERE g.queue = $1 AND g.group_key = c.group_key
 )
@@ -438,7 +458,8 @@ FROM input LEFT JOIN released ON released.id = input.id`,
     // reaper holds), re-check under the lock, void the token, record the lost attempt.
     // run_at stays as it was: the job keeps its place, and its waiting age keeps counting.
     // A grouped job's batch siblings (leased with the same token) are reaped with it, whatever
-    // their own lease says: the token is void, so its holder cannot go on with any of them.
+    // their own lease says: the token is void, so its holder cannot go on with any of them. The
+    // ones that never started get their attempt back and record none.
     reap: `WITH expired_leases AS MATERIALIZED (
   SELECT id, queue, group_key, claim_token FROM ${jobs}
   WHERE state = 'leased' AND lease_until < now()
@@ -446,31 +467,40 @@ FROM input LEFT JOIN released ON released.id = input.id`,
   LIMIT $1
   FOR UPDATE SKIP LOCKED
 ), expired AS MATERIALIZED (
-  SELECT id, claim_token, false AS sibling FROM expired_leases
-  UNION
-  SELECT s.id, s.claim_token, true FROM ${jobs} s
-  JOIN (SELECT DISTINCT queue, group_key, claim_token FROM expired_leases WHERE group_key IS NOT NULL) AS e
-    ON s.claim_token = e.claim_token
-  WHERE s.state = 'leased' AND s.group_key IS NOT NULL AND s.id NOT IN (SELECT id FROM expired_leases)
+  -- A group batch runs in id order, so of its jobs still leased only the lowest can have
+  -- started: the others never ran, and their attempt is given back (as a release would).
+  SELECT x.id, x.claim_token, x.sibling,
+         x.group_key IS NOT NULL AND x.id > min(x.id) OVER (PARTITION BY x.claim_token) AS unstarted
+  FROM (
+    SELECT id, claim_token, group_key, false AS sibling FROM expired_leases
+    UNION
+    SELECT s.id, s.claim_token, s.group_key, true FROM ${jobs} s
+    JOIN (SELECT DISTINCT claim_token FROM expired_leases WHERE group_key IS NOT NULL) AS e
+      ON s.claim_token = e.claim_token
+    WHERE s.state = 'leased' AND s.group_key IS NOT NULL AND s.id NOT IN (SELECT id FROM expired_leases)
+  ) AS x
 ), reaped AS (
   UPDATE ${jobs} AS j
-  SET state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END,
-      finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
+  SET state = CASE WHEN NOT e.unstarted AND j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END,
+      attempts = CASE WHEN e.unstarted THEN GREATEST(j.attempts - 1, 0) ELSE j.attempts END,
+      finished_at = CASE WHEN NOT e.unstarted AND j.attempts >= j.max_attempts THEN now() END,
       claim_token = NULL, lease_until = NULL,
-      last_error = 'lease expired at ' || to_char(j.lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
-                   || ' (worker ' || COALESCE(j.worker_id, 'unknown') || ')'
-                   || CASE WHEN e.sibling THEN ' with its group batch' ELSE '' END
+      claimed_at = CASE WHEN e.unstarted THEN NULL ELSE j.claimed_at END,
+      last_error = CASE WHEN e.unstarted THEN j.last_error
+                   ELSE 'lease expired at ' || to_char(j.lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
+                        || ' (worker ' || COALESCE(j.worker_id, 'unknown') || ')' END
   FROM expired e
   WHERE j.id = e.id AND j.state = 'leased' AND j.claim_token = e.claim_token AND (e.sibling OR j.lease_until < now())
   RETURNING j.id, j.queue, j.group_key, j.state, j.attempts, j.last_error, j.run_at, j.priority,
-            e.claim_token AS token, j.worker_id, j.claimed_at
+            e.claim_token AS token, e.unstarted, j.worker_id, j.claimed_at
 ), changed AS (
   SELECT r.id, r.queue, r.group_key, r.token, r.state, r.run_at, r.priority,
          r.state = 'dead' AND r.group_key IS NOT NULL AND ${blocksOnDead('r.queue')} AS block
   FROM reaped r
 )${groupRelease('changed')}, history AS (
   INSERT INTO ${attempts} (job_id, queue, attempt, outcome, error, stack, worker_id, claim_token, started_at, finished_at)
-  SELECT id, queue, attempts, 'lease-expired', last_error, NULL, worker_id, token, claimed_at, now() FROM reaped
+  SELECT id, queue, attempts, 'lease-expired', last_error, NULL, worker_id, token, claimed_at, now()
+  FROM reaped WHERE NOT unstarted
 )
 SELECT id::text AS id, queue, state, attempts, ${EMPTIED_GROUPS} FROM reaped`,
 
@@ -487,7 +517,8 @@ SELECT id::text AS id, queue, state, attempts, ${EMPTIED_GROUPS} FROM reaped`,
     // wait for this transaction before it settles the group (settleLockWait), so the job is either
     // seen by the settling or made the head by touchMove, never neither. A row this statement's
     // snapshot cannot see (created or deleted concurrently) is 'missing', and the store runs the
-    // statement again.
+    // statement again. A head not due yet waits (`waiting`); due is judged on this statement's
+    // clock, since now() is the caller's transaction start, older than the job.
     touchLock: `WITH input AS MATERIALIZED (
   SELECT i.key, i.id, j.run_at, j.priority
   FROM unnest($2::text[], $3::bigint[]) AS i(key, id)
@@ -501,8 +532,8 @@ SELECT id::text AS id, queue, state, attempts, ${EMPTIED_GROUPS} FROM reaped`,
   ORDER BY group_key
   FOR KEY SHARE
 ), created AS (
-  INSERT INTO ${groups} (queue, group_key, head_id, head_ready_at, head_priority)
-  SELECT $1, key, id, run_at, priority FROM input
+  INSERT INTO ${groups} (queue, group_key, head_id, head_ready_at, head_priority, waiting)
+  SELECT $1, key, id, run_at, priority, run_at > statement_timestamp() FROM input
   WHERE key NOT IN (SELECT group_key FROM locked)
   ORDER BY key
   ON CONFLICT (queue, group_key) DO NOTHING
@@ -523,7 +554,8 @@ FROM input`,
     // the job when the group is idle, or not held and headed by a later job (an earlier-numbered
     // job committing late), or blocked by a job just retried.
     touchMove: `UPDATE ${groups} AS g
-SET head_id = i.id, head_ready_at = j.run_at, head_priority = j.priority, blocked = false, updated_at = now()
+SET head_id = i.id, head_ready_at = j.run_at, head_priority = j.priority, waiting = j.run_at > statement_timestamp(),
+    blocked = false, updated_at = now()
 FROM unnest($2::text[], $3::bigint[]) AS i(key, id)
 CROSS JOIN LATERAL (SELECT run_at, priority FROM ${jobs} WHERE id = i.id LIMIT 1) AS j
 WHERE g.queue = $1 AND g.group_key = ANY ($2::text[]) AND g.group_key = i.key AND g.held_token IS NULL
@@ -551,7 +583,8 @@ FOR UPDATE`,
     // head, and a group with none is deleted (producers create it again).
     settleApply: `WITH headed AS (
   UPDATE ${groups} AS g
-  SET (head_id, head_ready_at, head_priority) = (${firstUnfinishedRow('g')}), updated_at = now()
+  SET (head_id, head_ready_at, head_priority, waiting) = (${firstUnfinishedRow('g', 'u.run_at > now()')}),
+      updated_at = now()
   WHERE g.queue = $1 AND g.group_key = ANY ($2::text[])
     AND g.head_id IS NULL AND g.held_token IS NULL AND NOT g.blocked AND EXISTS (${firstUnfinishedRow('g')})
 )
@@ -622,6 +655,7 @@ CROSS JOIN LATERAL (
 ), fixed AS (
   UPDATE ${groups} AS g
   SET held_token = NULL, blocked = false, head_id = c.first_id, head_ready_at = c.run_at, head_priority = c.priority,
+      waiting = COALESCE(c.run_at > now(), false),
       updated_at = now()
   FROM checked c
   WHERE g.queue = c.queue AND g.group_key = c.group_key AND c.problem IS NOT NULL AND c.first_id IS NOT NULL
@@ -635,8 +669,8 @@ SELECT queue, group_key AS key, problem FROM checked WHERE problem IS NOT NULL`,
     // $1 queues, $2 keys: groups repairCheck found with unfinished jobs and no row. Producers
     // create the row in the transaction that adds the job, so a committed job without one is a
     // fault: the group gets a row headed by its lowest unfinished job.
-    repairOrphans: `INSERT INTO ${groups} (queue, group_key, head_id, head_ready_at, head_priority)
-SELECT i.queue, i.key, n.id, n.run_at, n.priority
+    repairOrphans: `INSERT INTO ${groups} (queue, group_key, head_id, head_ready_at, head_priority, waiting)
+SELECT i.queue, i.key, n.id, n.run_at, n.priority, n.run_at > now()
 FROM ${GROUPS_IN}
 ${firstUnfinished('i', 'key')}
 WHERE n.id IS NOT NULL
@@ -658,7 +692,12 @@ LIMIT $3`,
   SELECT 1 FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND run_at <= now()
 ) OR EXISTS (
   SELECT 1 FROM ${groups}
-  WHERE queue = $1 AND held_token IS NULL AND head_id IS NOT NULL AND NOT blocked AND head_ready_at <= now()
+  WHERE queue = $1 AND held_token IS NULL AND head_id IS NOT NULL AND NOT blocked AND NOT waiting
+    AND head_ready_at <= now()
+) OR EXISTS (
+  SELECT 1 FROM ${groups}
+  WHERE queue = $1 AND held_token IS NULL AND head_id IS NOT NULL AND NOT blocked AND waiting
+    AND head_ready_at <= now()
 ) AS has_work`,
 
     // Each figure reads one partial index, so the cost follows live rows, not history. A delayed
@@ -738,7 +777,8 @@ RETURNING id::text AS id, group_key`,
   RETURNING id, queue, group_key
 ), group_released AS (
   UPDATE ${groups} AS g
-  SET blocked = false, head_id = n.id, head_ready_at = n.run_at, head_priority = n.priority, updated_at = now()
+  SET blocked = false, head_id = n.id, head_ready_at = n.run_at, head_priority = n.priority,
+      waiting = COALESCE(n.run_at > now(), false), updated_at = now()
   FROM purged p
   ${firstUnfinished('p')}
   WHERE p.group_key IS NOT NULL AND g.queue = p.queue AND g.group_key = p.group_key AND g.blocked AND g.head_id = p.id
