@@ -85,8 +85,10 @@ function releaseGroups(jobs: string, groups: string, changed: string): string {
 ), still_leased AS MATERIALIZED (
   -- Tokens that other jobs are still leased with (the rest of a group batch), in one set-based
   -- read for all groups: a probe per group could walk every leased job of the queue each time.
+  -- An array, not a semi-join: the planner takes group_touched for one row and would scan it
+  -- once per leased job.
   SELECT DISTINCT s.claim_token AS token FROM ${jobs} s
-  WHERE s.claim_token IN (SELECT token FROM group_touched) AND s.state = 'leased' AND s.group_key IS NOT NULL
+  WHERE s.claim_token = ANY (ARRAY(SELECT token FROM group_touched)) AND s.state = 'leased' AND s.group_key IS NOT NULL
     AND s.id NOT IN (SELECT c.id FROM ${changed} c)
 ), group_next AS MATERIALIZED (
   SELECT t.queue, t.group_key, t.token, t.blocking_id,
