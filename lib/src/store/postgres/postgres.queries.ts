@@ -180,7 +180,7 @@ export function pgQueries(schema: string): PgQueries {
   UPDATE ${jobs} AS j
   SET state = 'ready', attempts = GREATEST(j.attempts - 1, 0), claim_token = NULL, lease_until = NULL,
       claimed_at = NULL, worker_id = NULL
-  FROM (SELECT DISTINCT queue, group_key, token FROM ${moved} WHERE group_key IS NOT NULL) AS m
+  FROM unnest(ARRAY(SELECT DISTINCT token FROM ${moved} WHERE group_key IS NOT NULL)) AS m(token)
   WHERE j.claim_token = m.token AND j.state = 'leased' AND j.group_key IS NOT NULL
     AND j.id NOT IN (SELECT id FROM ${moved})
   RETURNING j.id, j.queue, j.group_key, m.token, j.state, j.run_at, j.priority
@@ -359,7 +359,7 @@ JOIN ${jobs} j ON j.queue = k.queue AND j.idempotency_key = k.key`,
         UNION ALL
         SELECT w.group_key, w.id, NULL, false FROM due_waiting_groups w
         WHERE w.group_key NOT IN (SELECT group_key FROM chosen_groups)) AS c
-  CROSS JOIN LATERAL (SELECT EXISTS (SELECT 1 FROM updated u WHERE u.id = c.head_id) AS leased) AS h
+  CROSS JOIN LATERAL (SELECT c.head_id IN (SELECT id FROM updated) AS leased) AS h
   WHERE g.queue = $1 AND g.group_key = c.group_key
 )
 SELECT id::text AS id, payload, priority, group_key, idempotency_key, attempts, max_attempts,
@@ -477,9 +477,8 @@ FROM input LEFT JOIN released ON released.id = input.id`,
     SELECT id, claim_token, group_key, false AS sibling FROM expired_leases
     UNION
     SELECT s.id, s.claim_token, s.group_key, true FROM ${jobs} s
-    JOIN (SELECT DISTINCT claim_token FROM expired_leases WHERE group_key IS NOT NULL) AS e
-      ON s.claim_token = e.claim_token
-    WHERE s.state = 'leased' AND s.group_key IS NOT NULL AND s.id NOT IN (SELECT id FROM expired_leases)
+    WHERE s.claim_token = ANY (ARRAY(SELECT claim_token FROM expired_leases WHERE group_key IS NOT NULL))
+      AND s.state = 'leased' AND s.group_key IS NOT NULL AND s.id NOT IN (SELECT id FROM expired_leases)
   ) AS x
 ), reaped AS (
   UPDATE ${jobs} AS j
