@@ -244,7 +244,9 @@ const GROUPS = (schema: string) => `${quoteMssqlIdentifier(schema)}.[Groups]`;
  * - a row neither held nor blocked is headed by the group's lowest unfinished job;
  * - a held row's head is at or before the lowest unfinished job (a batch's finished jobs do not
  *   move it);
- * - a blocked row is not held and is headed by a dead job of the group.
+ * - a blocked row is not held and is headed by a dead job of the group;
+ * - a row whose head is not due yet waits (Waiting), outside the claimable index, and only an
+ *   idle row waits.
  */
 export function groupDisagreements(schema: string): string {
   const jobs = JOBS(schema);
@@ -258,7 +260,7 @@ export function groupDisagreements(schema: string): string {
   WHERE [Queue] = @queue AND [GroupKey] IS NOT NULL AND [State] IN ('ready', 'delayed', 'leased')
   GROUP BY [Queue], [GroupKey]
 ), rows AS (
-  SELECT [Queue], [GroupKey], [HeadId], [HeldToken], [Blocked] FROM ${groups} WHERE [Queue] = @queue
+  SELECT [Queue], [GroupKey], [HeadId], [HeldToken], [Blocked], [Waiting], [HeadReadyAt] FROM ${groups} WHERE [Queue] = @queue
 ), checked AS (
   SELECT COALESCE(u.[GroupKey], g.[GroupKey]) AS [GroupKey], CAST(g.[HeadId] AS varchar(20)) AS [HeadId],
          CAST(u.[FirstId] AS varchar(20)) AS [FirstId],
@@ -266,6 +268,9 @@ export function groupDisagreements(schema: string): string {
       WHEN g.[GroupKey] IS NULL THEN 'unfinished jobs but no group row'
       WHEN u.[LeaseTokens] > 1 THEN 'jobs leased under more than one token'
       WHEN g.[Blocked] = 1 AND g.[HeldToken] IS NOT NULL THEN 'blocked and held'
+      WHEN g.[Waiting] = 1 AND (g.[Blocked] = 1 OR g.[HeldToken] IS NOT NULL) THEN 'waiting, but held or blocked'
+      WHEN g.[Waiting] = 0 AND g.[HeldToken] IS NULL AND g.[Blocked] = 0 AND g.[HeadReadyAt] > SYSUTCDATETIME()
+        THEN 'a head not due yet in the claimable index (not waiting)'
       WHEN g.[Blocked] = 1 AND NOT EXISTS (
         SELECT 1 FROM ${jobs} AS d
         WHERE d.[Id] = g.[HeadId] AND d.[Queue] = g.[Queue] AND d.[GroupKey] = g.[GroupKey] AND d.[State] = 'dead')
@@ -288,7 +293,7 @@ SELECT [GroupKey], [Problem], [HeadId], [FirstId] FROM checked WHERE [Problem] I
 /** @queue, @groupKey: the group's row as the store caches it (no row: none). */
 export function groupRow(schema: string): string {
   return `SELECT CAST([HeadId] AS varchar(20)) AS [HeadId], LOWER(CAST([HeldToken] AS char(36))) AS [HeldToken],
-  CAST([Blocked] AS int) AS [Blocked], [HeadReadyAt]
+  CAST([Blocked] AS int) AS [Blocked], CAST([Waiting] AS int) AS [Waiting], [HeadReadyAt]
 FROM ${GROUPS(schema)} WHERE [Queue] = @queue AND [GroupKey] = @groupKey;`;
 }
 
@@ -303,7 +308,8 @@ export function leaseGroupHeadUncommitted(schema: string): string {
   return `DECLARE @token uniqueidentifier = NEWID(), @head bigint;
 UPDATE ${groups} WITH (ROWLOCK)
 SET [HeldToken] = @token, @head = [HeadId]
-WHERE [Queue] = @queue AND [GroupKey] = @groupKey AND [HeldToken] IS NULL AND [HeadId] IS NOT NULL AND [Blocked] = 0;
+WHERE [Queue] = @queue AND [GroupKey] = @groupKey AND [HeldToken] IS NULL AND [HeadId] IS NOT NULL AND [Blocked] = 0
+  AND [Waiting] = 0;
 UPDATE ${jobs} WITH (ROWLOCK)
 SET [State] = 'leased', [ClaimToken] = @token, [Attempts] = [Attempts] + 1,
     [LeaseUntil] = DATEADD(minute, 5, SYSUTCDATETIME()), [ClaimedAt] = SYSUTCDATETIME()

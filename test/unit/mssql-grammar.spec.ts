@@ -11,6 +11,7 @@ import {
 } from '../../lib/src/store/mssql/mssql.migrations.js';
 import {
   CLAIMABLE_GROUP,
+  WAITING_GROUP,
   MSSQL_CALLER_TRANSACTION_GONE,
   MSSQL_OPEN_TRANSACTION,
   MSSQL_STORE_SESSION,
@@ -474,7 +475,7 @@ describe('indexes after every migration serve the queries that need them (issue 
     expect(promote).toBeGreaterThan(0);
     expect(lease).toBeGreaterThan(promote);
     expect(claim).toMatch(/WITH due AS \(\n {2}SELECT TOP \(@limit\) \*\n/);
-    expect(claim).toContain("UPDATE due\nSET [State] = 'ready';\nIF EXISTS (");
+    expect(claim).toContain("UPDATE due\nSET [State] = 'ready';\nWITH promoted AS (");
     // In both branches (no claimable group: autocommit; some: with the group side).
     expect(claim.match(/;\n {2}WITH candidate AS \(\n {4}SELECT TOP \(@jobUnits\) \*\n/g)).toHaveLength(2);
   });
@@ -628,6 +629,15 @@ describe('ordered groups (issue 11)', () => {
       include: [],
       filter: CLAIMABLE_GROUP,
     });
+    // Groups whose head was not due when set wait outside the claimable index, by run time.
+    expect(indexes.get('IX_Groups_Waiting')).toEqual({
+      table: 'Groups',
+      keys: ['Queue', 'HeadReadyAt', 'HeadId'],
+      include: [],
+      filter: WAITING_GROUP,
+    });
+    expect(CLAIMABLE_GROUP).toContain('[Waiting] = 0');
+    expect(WAITING_GROUP).toBe(CLAIMABLE_GROUP.replace('[Waiting] = 0', '[Waiting] = 1'));
     expect(indexes.get('IX_Groups_Blocked')).toMatchObject({ keys: ['Queue', 'GroupKey'], filter: '[Blocked] = 1' });
     expect(indexes.get('IX_Jobs_Group')).toMatchObject({
       keys: ['Queue', 'GroupKey', 'Id'],
@@ -656,23 +666,81 @@ describe('ordered groups (issue 11)', () => {
     expect(normal(backfill)).toContain('ROW_NUMBER() OVER (PARTITION BY [Queue], [GroupKey] ORDER BY [Id]) AS [Nth]');
     expect(normal(backfill)).toContain("WHERE [GroupKey] IS NOT NULL AND [State] IN ('ready', 'delayed', 'leased')");
     expect(normal(backfill)).toContain("[State] = 'leased' ORDER BY [Id])");
+    // A head not due yet waits.
+    expect(normal(backfill)).toContain('[HeadPriority], [Waiting], [HeldToken])');
+    expect(normal(backfill)).toContain('CASE WHEN [RunAt] > SYSUTCDATETIME() THEN 1 ELSE 0 END');
+    expect(v5.find((b) => b.startsWith('CREATE TABLE [sqlqueue].[Groups]'))).toContain(
+      '[Waiting] bit NOT NULL CONSTRAINT [DF_Groups_Waiting] DEFAULT (0),',
+    );
     // The index rebuilds come before the backfill reads the new group index.
     expect(v5.indexOf(backfill)).toBe(v5.length - 1);
   });
 
-  it("the claim's group reads contain the claimable index's filter literally (a parameter would not match it)", () => {
-    const filter = indexes.get('IX_Groups_Claimable')!.filter;
+  it("the claim's group reads contain the claimable or the waiting index's filter literally (a parameter would not match it)", () => {
+    const claimable = indexes.get('IX_Groups_Claimable')!.filter;
+    const waiting = indexes.get('IX_Groups_Waiting')!.filter;
+    const served = (where: string) =>
+      [claimable, waiting].filter((filter) => conjuncts(filter).every((c) => where.includes(c)));
     for (const name of ['claim', 'hasClaimableWork'] as const) {
       const reads = readsOf(queries[name], 'Groups');
-      expect(reads.length, name).toBe(name === 'claim' ? 3 : 1);
+      expect(reads.length, name).toBe(name === 'claim' ? 4 : 2);
+      expect(
+        reads.map((read) => served(read.where)),
+        name,
+      ).toEqual(name === 'claim' ? [[waiting], [claimable], [claimable], [claimable]] : [[claimable], [waiting]]);
       for (const read of reads) {
-        for (const c of conjuncts(filter)) expect(read.where, `${name}: ${read.where}`).toContain(c);
+        // Only due groups: each read is a range of its index that stops at the first group not due.
+        expect(read.where, `${name}: ${read.where}`).toContain('[HeadReadyAt] <= SYSUTCDATETIME()');
         expect(['READPAST, READCOMMITTEDLOCK', 'UPDLOCK, READPAST, READCOMMITTEDLOCK']).toContain(read.hints);
       }
     }
     // The check can fail: the same read with the blocked flag as a parameter.
     const broken = queries.claim.replace(/\[Blocked\] = 0/g, '[Blocked] = @blocked');
-    expect(readsOf(broken, 'Groups').some((r) => conjuncts(filter).some((c) => !r.where.includes(c)))).toBe(true);
+    expect(readsOf(broken, 'Groups').some((r) => served(r.where).length === 0)).toBe(true);
+  });
+
+  it('the claim first promotes due waiting groups, oldest first, as it promotes due delayed jobs (review: no walk over groups not due)', () => {
+    const claim = queries.claim;
+    const promote = claim.indexOf('WITH promoted AS (');
+    expect(promote).toBeGreaterThan(claim.indexOf("UPDATE due\nSET [State] = 'ready';"));
+    expect(promote).toBeLessThan(claim.indexOf('IF EXISTS ('));
+    expect(normal(claim.slice(promote, claim.indexOf('IF EXISTS (')))).toBe(
+      `WITH promoted AS ( SELECT TOP (@limit) * FROM [sqlqueue].[Groups] WITH (UPDLOCK, READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND ${WAITING_GROUP} AND [HeadReadyAt] <= SYSUTCDATETIME() ORDER BY [HeadReadyAt], [HeadId] ) UPDATE promoted SET [Waiting] = 0, [UpdatedAt] = SYSUTCDATETIME(); `,
+    );
+    // A stale head set aside waits; a group left without a head is deleted right after.
+    expect(claim).toContain('[Waiting] = CASE WHEN n.[Id] IS NULL THEN 0 ELSE 1 END');
+  });
+
+  it('every statement that sets a group head sets [Waiting] by the head run time, on its own clock', () => {
+    const headWrites: [string, string][] = [];
+    for (const [name, text] of Object.entries(queries)) {
+      for (const m of text.matchAll(/\b(?:UPDATE|INSERT INTO)\b[^;]*?\[HeadReadyAt\][^;]*;/g)) {
+        // The claim's promotion and the group reads only filter on HeadReadyAt; these set it.
+        if (/\[HeadReadyAt\] =|\[HeadReadyAt\], \[HeadPriority\]/.test(m[0]) && !/^UPDATE (?:promoted|h)\b/.test(m[0]))
+          headWrites.push([name, m[0]]);
+      }
+    }
+    expect(headWrites.map(([name]) => name)).toEqual(
+      expect.arrayContaining([
+        'enqueueOneGrouped',
+        'enqueueManyGrouped',
+        'retryDead',
+        'retryAllDead',
+        'complete',
+        'fail',
+        'release',
+        'reap',
+        'claim',
+        'purgeDead',
+        'repairGroup',
+      ]),
+    );
+    for (const [name, statement] of headWrites) {
+      expect(statement, `${name}: ${statement}`).toMatch(/\[Waiting\]/);
+      const waiting = /\[Waiting\] = (CASE WHEN [^;]*? END|0)/.exec(statement);
+      if (waiting && waiting[1] !== '0' && !waiting[1]!.includes('n.[Id] IS NULL'))
+        expect(waiting[1], `${name}: ${statement}`).toMatch(/^CASE WHEN \S+ > SYSUTCDATETIME\(\) THEN 1 ELSE 0 END$/);
+    }
   });
 
   it('ungrouped job reads name [GroupKey] IS NULL (the claim and delayed indexes hold no grouped job)', () => {
@@ -737,6 +805,31 @@ describe('ordered groups (issue 11)', () => {
       expect(queries[name]).toMatch(/LEFT JOIN \[sqlqueue\]\.\[QueueSettings\] AS q ON q\.\[Queue\] = \w\.\[Queue\]/);
       expect(queries[name]).toContain("q.[GroupOnDead] = 'block'");
     }
+  });
+
+  it("reap gives a group batch's jobs that never started their attempt back: no attempt row, not dead, last error kept", () => {
+    const reap = queries.reap;
+    const mark = reap.indexOf('UPDATE r SET [Unstarted] = 1');
+    const giveBack = reap.indexOf("UPDATE j\n    SET [State] = 'ready', [Attempts] = CASE WHEN j.[Attempts] > 0");
+    const history = reap.indexOf('INSERT INTO [sqlqueue].[Attempts]');
+    const settle = reap.indexOf('INSERT INTO @touched');
+    // After both reaping updates, before the attempt rows and the group's settling (BlockId reads the states).
+    expect(reap.indexOf('INNER JOIN @batchTokens AS b ON s.[ClaimToken] = b.[Token]')).toBeLessThan(mark);
+    expect(mark).toBeGreaterThan(0);
+    expect(mark < giveBack && giveBack < history && history < settle).toBe(true);
+    // Only the lowest job still leased under a token can have started (a batch runs in id order).
+    expect(normal(reap)).toContain(
+      'WHERE [GroupKey] IS NOT NULL AND EXISTS (SELECT 1 FROM @reaped AS x WHERE [Token] = [Token] AND [Id] < [Id]);',
+    );
+    expect(normal(reap.slice(giveBack, history))).toContain(
+      '[FinishedAt] = NULL, [LastError] = [PriorError], [ClaimedAt] = NULL, [WorkerId] = NULL',
+    );
+    expect(reap).toContain('deleted.[LastError]\n  INTO @reaped (');
+    expect(normal(reap.slice(history, settle))).toContain('FROM @reaped WHERE [Unstarted] = 0;');
+    // What reap returns is what the jobs became.
+    expect(normal(reap)).toContain(
+      "UPDATE r SET [State] = 'ready', [Attempt] = CASE WHEN [Attempt] > 0 THEN [Attempt] - 1 ELSE 0 END FROM @reaped AS r WHERE [Unstarted] = 1;",
+    );
   });
 
   it('the claim leases a group batch only from its cached head, in one transaction with its ungrouped jobs, and pauses a stale group', () => {

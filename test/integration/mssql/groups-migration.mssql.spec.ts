@@ -62,7 +62,7 @@ describeEachMssqlDatabase('upgrade to schema version 5 with grouped jobs in flig
   }
 
   async function rowOf(groupKey: string) {
-    const [row] = await mssqlRows<{ HeadId: string; HeldToken: string | null; Blocked: number }>(
+    const [row] = await mssqlRows<{ HeadId: string; HeldToken: string | null; Blocked: number; Waiting: number }>(
       db.url,
       groupRow(schema),
       (r) => r.input('queue', sql.NVarChar(128), QUEUE).input('groupKey', sql.NVarChar(255), groupKey),
@@ -91,9 +91,10 @@ describeEachMssqlDatabase('upgrade to schema version 5 with grouped jobs in flig
     const store = createMssqlStore({ pool }, { schema });
     expect(await store.migrate('auto')).toEqual({ current: 5, latest: 5 });
 
-    expect(await rowOf('a')).toMatchObject({ HeadId: a1, HeldToken: oldToken, Blocked: 0 });
-    expect(await rowOf('b')).toMatchObject({ HeadId: b1, HeldToken: null, Blocked: 0 });
-    expect(await rowOf('c')).toMatchObject({ HeadId: c1, HeldToken: otherToken, Blocked: 0 });
+    expect(await rowOf('a')).toMatchObject({ HeadId: a1, HeldToken: oldToken, Blocked: 0, Waiting: 0 });
+    // A head an hour away waits outside the claimable index.
+    expect(await rowOf('b')).toMatchObject({ HeadId: b1, HeldToken: null, Blocked: 0, Waiting: 1 });
+    expect(await rowOf('c')).toMatchObject({ HeadId: c1, HeldToken: otherToken, Blocked: 0, Waiting: 0 });
     expect(await rowOf('d')).toBeNull();
     expect(
       await mssqlRows(db.url, groupDisagreements(schema), (r) => r.input('queue', sql.NVarChar(128), QUEUE)),

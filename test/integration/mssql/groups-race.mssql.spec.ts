@@ -171,10 +171,13 @@ describeEachMssqlDatabase('ordered groups under concurrency', (db) => {
       // The group's head is P2's job, not committed yet: nothing of the group runs meanwhile, and
       // the claims that find the head not leasable leave the group for a moment (not held).
       for (let i = 0; i < 5; i++) expect(await claim(store, queue)).toEqual([]);
-      const [row] = await mssqlRows<{ HeadId: string; HeldToken: string | null }>(db.url, groupRow(schema), (r) =>
-        r.input('queue', sql.NVarChar(128), queue).input('groupKey', sql.NVarChar(255), 'g'),
+      const [row] = await mssqlRows<{ HeadId: string; HeldToken: string | null; Waiting: number }>(
+        db.url,
+        groupRow(schema),
+        (r) => r.input('queue', sql.NVarChar(128), queue).input('groupKey', sql.NVarChar(255), 'g'),
       );
-      expect(row).toMatchObject({ HeadId: lower, HeldToken: null });
+      // Set aside, it waits outside the claimable index until a claim after the pause.
+      expect(row).toMatchObject({ HeadId: lower, HeldToken: null, Waiting: 1 });
       await p2.commit();
       const second = await waitFor(
         () => claim(store, queue),

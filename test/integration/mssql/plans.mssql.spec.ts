@@ -26,9 +26,11 @@ import {
 import {
   describePlan,
   operatorsOn,
+  parseXml,
   planOperators,
   statementPlans,
   type StatementPlan,
+  type XmlElement,
 } from '../../helpers/showplan.js';
 import { waitFor } from '../../helpers/wait-for.js';
 import { describeEachMssqlDatabase } from './mssql-databases.js';
@@ -193,16 +195,20 @@ describeEachMssqlDatabase('actual plans of the hot statements over 100,000 finis
     const claim = updateOfJobs(plans, 'IX_Jobs_Claim');
     expectSeekOn(claim, 'IX_Jobs_Claim');
     expectNoSortNorScan(claim);
-    // Ordered groups cost a queue without them one probe, a seek on an empty range of the
-    // claimable-groups index (an IF condition, which the showplan reader may not list), and
-    // nothing else of the group side runs.
+    // Ordered groups cost a queue without them the promotion of due waiting groups (an UPDATE
+    // that reads an empty range of the waiting-groups index) and one probe, a seek on an empty
+    // range of the claimable-groups index (an IF condition, which the showplan reader may not
+    // list); nothing else of the group side runs.
     for (const plan of plans) {
+      const reads = operatorsOn(plan, schema, 'Groups').filter((op) => !/Update|Insert|Delete/.test(op.physicalOp));
       expect(
-        operatorsOn(plan, schema, 'Groups').map((op) => `${op.physicalOp} ${op.objects[0]?.index}`),
+        reads.map((op) => `${op.physicalOp} ${op.objects[0]?.index}`),
         describePlan(plan),
-      ).toEqual(operatorsOn(plan, schema, 'Groups').map(() => 'Index Seek IX_Groups_Claimable'));
+      ).toEqual(
+        reads.map(() => (plan.type === 'UPDATE' ? 'Index Seek IX_Groups_Waiting' : 'Index Seek IX_Groups_Claimable')),
+      );
     }
-    expect(plans.filter((p) => p.type === 'UPDATE' && operatorsOn(p, schema, 'Groups').length > 0)).toEqual([]);
+    expect(plans.filter((p) => p.type === 'UPDATE' && operatorsOn(p, schema, 'Groups').length > 0)).toHaveLength(1);
   });
 
   it('reap: an ordered Index Seek on IX_Jobs_Leased, led by LeaseUntil (schema version 3), no Sort, no scan of Jobs', async () => {
@@ -335,9 +341,10 @@ describeEachMssqlDatabase('actual plans of the group statements over 10,000 fini
     expect(planOperators(holds[0]!).filter((op) => op.physicalOp === 'Sort')).toEqual([]);
   });
 
-  it('hasClaimableWork: a seek on IX_Groups_Claimable', async () => {
+  it('hasClaimableWork: a seek on IX_Groups_Claimable and one on IX_Groups_Waiting', async () => {
     const plans = await actualPlans(() => store.hasClaimableWork(queue));
     expect(seeksOn(plans, 'Groups', 'IX_Groups_Claimable'), plans.map(describePlan).join('\n\n')).toBeGreaterThan(0);
+    expect(seeksOn(plans, 'Groups', 'IX_Groups_Waiting'), plans.map(describePlan).join('\n\n')).toBeGreaterThan(0);
     expectNoScanOf(plans, 'Groups');
   });
 
@@ -383,5 +390,133 @@ describeEachMssqlDatabase('actual plans of the group statements over 10,000 fini
         ).toEqual([]);
       }
     }
+  });
+});
+
+/**
+ * Review (issue 11): a group whose head is not due (a delayed job, a retry backing off) waits in
+ * IX_Groups_Waiting, outside the claim's ordered index, so a claim does not step over 20,000 such
+ * groups of a higher priority to reach the due ones (before, the claim, its IF EXISTS probe and
+ * hasClaimableWork each read them all: HeadReadyAt comes after HeadPriority in the claimable
+ * index's key, so "due" was a residual predicate). The evidence is each seek's rows read
+ * (ActualRowsRead, before the residual predicate), from the actual plan.
+ */
+describeEachMssqlDatabase('the claim reads due groups only, whatever the groups waiting for their time', (db) => {
+  const schema = uniqueSchema('gwait');
+  const queue = 'gwait';
+  const WAITING = 20_000;
+  let pool: sql.ConnectionPool;
+  let planPool: sql.ConnectionPool;
+  let store: QueueStore;
+  let capture: ReturnType<typeof statementRecorder>;
+  const limits = { maxPayloadBytes: 1024, defaultMaxAttempts: 3 };
+  const claim = (limit: number) => store.claim({ queue, limit, leaseMs: 600_000, workerId: WORKER });
+
+  beforeAll(async () => {
+    pool = await openMssqlPool(db.url, 4);
+    capture = statementRecorder(pool);
+    store = createMssqlStore({ pool }, { schema });
+    await store.migrate('auto');
+    for (let from = 0; from < WAITING; from += 1_000) {
+      await store.enqueue(
+        Array.from({ length: 1_000 }, (_, i) =>
+          prepareJob(
+            queue,
+            { later: from + i },
+            { priority: 5, delayMs: 3_600_000, groupKey: `later-${from + i}` },
+            limits,
+          ),
+        ),
+      );
+    }
+    await store.enqueue(
+      Array.from({ length: 6 }, (_, i) => prepareJob(queue, { due: i }, { groupKey: `now-${i}` }, limits)),
+    );
+    await store.enqueue([prepareJob(queue, { soon: true }, { groupKey: 'soon', delayMs: 1_500 }, limits)]);
+    await mssqlRows(db.url, RECOMPILE_PLANS_OF_TABLE, (r) =>
+      r.input('table', sql.NVarChar(776), `${quoteMssqlIdentifier(schema)}.[Groups]`),
+    );
+    planPool = await openMssqlPool(db.url, 1);
+  }, SETUP_MS);
+
+  afterAll(async () => {
+    await planPool
+      ?.request()
+      .batch(STATISTICS_XML_OFF)
+      .catch(() => undefined);
+    await planPool?.close();
+    await store?.close();
+    await pool?.close();
+    await dropMssqlSchema(db.url, schema);
+  });
+
+  /** Rows each index of Groups was read for, over every seek or scan of the showplans in `recordsets`. */
+  function groupRowsRead(recordsets: sql.IRecordSet<Record<string, unknown>>[]): Map<string, number> {
+    const read = new Map<string, number>();
+    const visit = (element: XmlElement) => {
+      if (element.name === 'RelOp' && /Seek|Scan/.test(element.attributes.PhysicalOp ?? '')) {
+        const scan = element.children.find((c) => c.name === 'IndexScan');
+        const object = scan?.children.find((c) => c.name === 'Object');
+        if (object?.attributes.Schema === `[${schema}]` && object.attributes.Table === '[Groups]') {
+          const index = (object.attributes.Index ?? '(heap)').replace(/^\[(.*)\]$/, '$1');
+          const counters =
+            element.children
+              .find((c) => c.name === 'RunTimeInformation')
+              ?.children.filter((c) => c.name === 'RunTimeCountersPerThread') ?? [];
+          const rows = counters.reduce(
+            (sum, c) => sum + Number(c.attributes.ActualRowsRead ?? c.attributes.ActualRows ?? 0),
+            0,
+          );
+          read.set(index, (read.get(index) ?? 0) + rows);
+        }
+      }
+      element.children.forEach(visit);
+    };
+    for (const recordset of recordsets) {
+      const column = Object.keys(recordset.columns ?? {}).find((name) => /showplan/i.test(name));
+      if (column) for (const row of recordset) visit(parseXml(String(row[column])));
+    }
+    return read;
+  }
+
+  it('the claim and hasClaimableWork read a few rows of the group indexes, none of the 20,000 waiting groups of higher priority', async () => {
+    for (const work of [() => claim(2), () => store.hasClaimableWork(queue)]) {
+      const sent = await capture(work);
+      expect(sent).toHaveLength(1);
+      await planPool.request().batch(STATISTICS_XML_ON);
+      const replay = planPool.request();
+      Object.assign(replay.parameters, sent[0]!.parameters);
+      const result = await replay.query(sent[0]!.text);
+      const read = groupRowsRead(result.recordsets as sql.IRecordSet<Record<string, unknown>>[]);
+      const text = JSON.stringify([...read]);
+      expect([...read.keys()].sort(), text).toEqual(
+        expect.arrayContaining(['IX_Groups_Claimable', 'IX_Groups_Waiting']),
+      );
+      expect(
+        [...read.keys()].filter((index) => !/^IX_Groups_(Claimable|Waiting)$/.test(index)),
+        text,
+      ).toEqual([]);
+      // The probe, the count and the hold read two due groups each at most; of the waiting ones,
+      // only 'soon' can be due (if the setup took that long).
+      expect(read.get('IX_Groups_Claimable')!, text).toBeLessThanOrEqual(8);
+      expect(read.get('IX_Groups_Waiting')!, text).toBeLessThanOrEqual(1);
+    }
+  });
+
+  it('the claim leases due heads only; a waiting head is promoted and taken once due', async () => {
+    // The first test's claims (the store's and the replay) took four of the six due heads; the
+    // 'soon' head comes after them (same priority, later run time) once due.
+    const first = await claim(10);
+    expect(first.slice(0, 2).map((c) => c.payload)).toEqual([{ due: 4 }, { due: 5 }]);
+    const soon =
+      first.length > 2
+        ? first.slice(2)
+        : await waitFor(
+            () => claim(10),
+            (claimed) => claimed.length > 0,
+            { timeoutMs: 10_000, what: "the 'soon' head" },
+          );
+    expect(soon.map((c) => c.payload)).toEqual([{ soon: true }]);
+    expect(await claim(10)).toEqual([]);
   });
 });

@@ -231,6 +231,11 @@ export const MSSQL_MIGRATIONS: readonly MssqlMigration[] = [
     // (https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table). The filtered
     // indexes are re-keyed with DROP_EXISTING ("To modify the filtered index expression, use
     // CREATE INDEX WITH DROP_EXISTING", Create filtered indexes), offline like version 3.
+    // A group whose head was not due when it was set (a delayed job, a retry backing off, a stale
+    // head set aside) is Waiting: it sits in IX_Groups_Waiting, read oldest first by the claim
+    // that promotes it once due, and not in IX_Groups_Claimable, whose order (priority first)
+    // would make every claim, and every check for work, step over all the groups not due yet
+    // (review: with many of them, each claim walked them all).
     batches: (schema) => {
       const s = quoteMssqlIdentifier(schema);
       return [
@@ -242,14 +247,17 @@ export const MSSQL_MIGRATIONS: readonly MssqlMigration[] = [
   [HeadPriority] int NULL,
   [HeldToken] uniqueidentifier NULL,
   [Blocked] bit NOT NULL CONSTRAINT [DF_Groups_Blocked] DEFAULT (0),
+  [Waiting] bit NOT NULL CONSTRAINT [DF_Groups_Waiting] DEFAULT (0),
   [UpdatedAt] datetime2(3) NOT NULL CONSTRAINT [DF_Groups_UpdatedAt] DEFAULT (SYSUTCDATETIME()),
   [RowVersion] rowversion NOT NULL,
   CONSTRAINT [PK_Groups] PRIMARY KEY CLUSTERED ([Queue], [GroupKey])
 );`,
         // As Jobs: a table lock is the one lock READPAST cannot skip.
         `ALTER TABLE ${s}.[Groups] SET (LOCK_ESCALATION = DISABLE);`,
-        // The claim's order over claimable groups; the claim names this predicate literally.
-        `CREATE NONCLUSTERED INDEX [IX_Groups_Claimable] ON ${s}.[Groups] ([Queue], [HeadPriority] DESC, [HeadReadyAt], [HeadId]) WHERE [HeldToken] IS NULL AND [HeadId] IS NOT NULL AND [Blocked] = 0;`,
+        // The claim's order over claimable groups (due ones); the claim names this predicate literally.
+        `CREATE NONCLUSTERED INDEX [IX_Groups_Claimable] ON ${s}.[Groups] ([Queue], [HeadPriority] DESC, [HeadReadyAt], [HeadId]) WHERE [HeldToken] IS NULL AND [HeadId] IS NOT NULL AND [Blocked] = 0 AND [Waiting] = 0;`,
+        // Groups whose head was not due when set, by run time: the claim's promotion seeks the due ones.
+        `CREATE NONCLUSTERED INDEX [IX_Groups_Waiting] ON ${s}.[Groups] ([Queue], [HeadReadyAt], [HeadId]) WHERE [HeldToken] IS NULL AND [HeadId] IS NOT NULL AND [Blocked] = 0 AND [Waiting] = 1;`,
         // stats, queueHealth, listBlockedGroups and retention's check of a dead job.
         `CREATE NONCLUSTERED INDEX [IX_Groups_Blocked] ON ${s}.[Groups] ([Queue], [GroupKey]) INCLUDE ([HeadId]) WHERE [Blocked] = 1;`,
         `ALTER TABLE ${s}.[QueueSettings] ADD [GroupOnDead] varchar(8) NOT NULL CONSTRAINT [DF_QueueSettings_GroupOnDead] DEFAULT ('continue');`,
@@ -266,9 +274,10 @@ export const MSSQL_MIGRATIONS: readonly MssqlMigration[] = [
         `CREATE NONCLUSTERED INDEX [IX_Jobs_GroupHold] ON ${s}.[Jobs] ([ClaimToken]) WHERE [State] = 'leased' AND [GroupKey] IS NOT NULL;`,
         // A row for every group with unfinished jobs (a version before this one ignored group
         // keys): the head is the lowest unfinished job, and the group is held by the token of
-        // its lowest leased job, so a job running now keeps its group until it finishes.
-        `INSERT INTO ${s}.[Groups] ([Queue], [GroupKey], [HeadId], [HeadReadyAt], [HeadPriority], [HeldToken])
-SELECT h.[Queue], h.[GroupKey], h.[Id], h.[RunAt], h.[Priority],
+        // its lowest leased job, so a job running now keeps its group until it finishes. A head
+        // not due yet waits.
+        `INSERT INTO ${s}.[Groups] ([Queue], [GroupKey], [HeadId], [HeadReadyAt], [HeadPriority], [Waiting], [HeldToken])
+SELECT h.[Queue], h.[GroupKey], h.[Id], h.[RunAt], h.[Priority], CASE WHEN h.[RunAt] > SYSUTCDATETIME() THEN 1 ELSE 0 END,
        (SELECT TOP (1) l.[ClaimToken] FROM ${s}.[Jobs] AS l
         WHERE l.[Queue] = h.[Queue] AND l.[GroupKey] = h.[GroupKey] AND l.[State] = 'leased'
         ORDER BY l.[Id])

@@ -311,7 +311,8 @@ DECLARE @groupSeq int = 1, @groupLockCount int;
  */
 function activateGroups(schema: string, groups: string): string {
   const headOf = `  UPDATE g
-  SET [HeadId] = h.[Id], [HeadReadyAt] = h.[RunAt], [HeadPriority] = h.[Priority], [UpdatedAt] = SYSUTCDATETIME()
+  SET [HeadId] = h.[Id], [HeadReadyAt] = h.[RunAt], [HeadPriority] = h.[Priority], [Waiting] = ${waitingFor('h.[RunAt]')},
+      [UpdatedAt] = SYSUTCDATETIME()
   FROM ${groups} AS g WITH (READCOMMITTEDLOCK, FORCESEEK)
   INNER JOIN @heads AS h ON g.[Queue] = h.[Queue] AND g.[GroupKey] = h.[GroupKey]
   WHERE g.[HeldToken] IS NULL AND g.[Blocked] = 0 AND (g.[HeadId] IS NULL OR g.[HeadId] > h.[Id]);`;
@@ -334,8 +335,8 @@ ${takeKeyLock('      ', 'group')}
     END;
     -- Under the locks: a row another producer created meanwhile is found, the others created.
 ${found('    ', 'h.[Found] = 0 AND ')}
-    INSERT INTO ${groups} WITH (ROWLOCK) ([Queue], [GroupKey], [HeadId], [HeadReadyAt], [HeadPriority])
-    SELECT [Queue], [GroupKey], [Id], [RunAt], [Priority] FROM @heads WHERE [Found] = 0;
+    INSERT INTO ${groups} WITH (ROWLOCK) ([Queue], [GroupKey], [HeadId], [HeadReadyAt], [HeadPriority], [Waiting])
+    SELECT [Queue], [GroupKey], [Id], [RunAt], [Priority], ${waitingFor('[RunAt]')} FROM @heads WHERE [Found] = 0;
   END;
 ${headOf}`;
 }
@@ -344,7 +345,20 @@ ${headOf}`;
  * The filter of IX_Groups_Claimable, literally: a filtered index serves a query whose predicate
  * contains its filter (https://learn.microsoft.com/sql/relational-databases/indexes/create-filtered-indexes).
  */
-export const CLAIMABLE_GROUP = '[HeldToken] IS NULL AND [HeadId] IS NOT NULL AND [Blocked] = 0';
+export const CLAIMABLE_GROUP = '[HeldToken] IS NULL AND [HeadId] IS NOT NULL AND [Blocked] = 0 AND [Waiting] = 0';
+
+/** The filter of IX_Groups_Waiting, literally (see CLAIMABLE_GROUP): an idle group whose head was not due when set. */
+export const WAITING_GROUP = '[HeldToken] IS NULL AND [HeadId] IS NOT NULL AND [Blocked] = 0 AND [Waiting] = 1';
+
+/**
+ * [Waiting] of a group headed by a job that runs at `runAt` (null: no head, or a blocked one),
+ * on the clock of the statement that sets the head (SYSUTCDATETIME() is read per statement, so
+ * in a caller's long transaction too it is the time of the write, not of the transaction start).
+ * A head due when set stays due, so IX_Groups_Claimable holds only due groups.
+ */
+function waitingFor(runAt: string): string {
+  return `CASE WHEN ${runAt} > SYSUTCDATETIME() THEN 1 ELSE 0 END`;
+}
 
 /**
  * How long a claim leaves a group alone when its cached head could not be leased (not
@@ -457,13 +471,13 @@ ${indent}${join}
 ${indent}WHERE ${applies};
 ${indent}UPDATE g
 ${indent}SET [HeldToken] = NULL, [Blocked] = 1, [HeadId] = t.[BlockId], [HeadReadyAt] = NULL, [HeadPriority] = NULL,
-${indent}    [UpdatedAt] = SYSUTCDATETIME()
+${indent}    [Waiting] = 0, [UpdatedAt] = SYSUTCDATETIME()
 ${indent}FROM ${groups} AS g WITH (ROWLOCK)
 ${indent}${join}
 ${indent}WHERE t.[BlockId] IS NOT NULL AND ${applies};
 ${indent}UPDATE g
 ${indent}SET [HeldToken] = NULL, [HeadId] = n.[Id], [HeadReadyAt] = n.[RunAt], [HeadPriority] = n.[Priority],
-${indent}    [UpdatedAt] = SYSUTCDATETIME()
+${indent}    [Waiting] = ${waitingFor('n.[RunAt]')}, [UpdatedAt] = SYSUTCDATETIME()
 ${indent}FROM ${groups} AS g WITH (ROWLOCK)
 ${indent}${join}
 ${indent}OUTER APPLY ${firstUnfinished(jobs, 'g.[Queue]', 'g.[GroupKey]')} AS n
@@ -498,11 +512,12 @@ export function mssqlQueries(schema: string): MssqlQueries {
         SET @resource = ${groupLockResource(schema, '@queue', '@groupKey')};
 ${takeKeyLock('        ', 'group')}
         IF NOT EXISTS (SELECT 1 FROM ${groups} WITH (READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [GroupKey] = @groupKey)
-          INSERT INTO ${groups} WITH (ROWLOCK) ([Queue], [GroupKey], [HeadId], [HeadReadyAt], [HeadPriority])
-          VALUES (@queue, @groupKey, @firstId, @headAt, @priority);
+          INSERT INTO ${groups} WITH (ROWLOCK) ([Queue], [GroupKey], [HeadId], [HeadReadyAt], [HeadPriority], [Waiting])
+          VALUES (@queue, @groupKey, @firstId, @headAt, @priority, ${waitingFor('@headAt')});
       END;
       UPDATE ${groups} WITH (READCOMMITTEDLOCK)
-      SET [HeadId] = @firstId, [HeadReadyAt] = @headAt, [HeadPriority] = @priority, [UpdatedAt] = SYSUTCDATETIME()
+      SET [HeadId] = @firstId, [HeadReadyAt] = @headAt, [HeadPriority] = @priority, [Waiting] = ${waitingFor('@headAt')},
+          [UpdatedAt] = SYSUTCDATETIME()
       WHERE [Queue] = @queue AND [GroupKey] = @groupKey AND [HeldToken] IS NULL AND [Blocked] = 0
         AND ([HeadId] IS NULL OR [HeadId] > @firstId);
     END;
@@ -601,7 +616,7 @@ ORDER BY i.[Ord];`;
     WHERE f.[Nth] = 1;
     UPDATE g
     SET [Blocked] = 0, [HeadId] = h.[Id], [HeadReadyAt] = h.[RunAt], [HeadPriority] = h.[Priority],
-        [UpdatedAt] = SYSUTCDATETIME()
+        [Waiting] = ${waitingFor('h.[RunAt]')}, [UpdatedAt] = SYSUTCDATETIME()
     FROM ${groups} AS g WITH (ROWLOCK)
     INNER JOIN @heads AS h ON g.[Queue] = h.[Queue] AND g.[GroupKey] = h.[GroupKey]
     WHERE g.[Blocked] = 1 AND g.[HeldToken] IS NULL
@@ -646,8 +661,8 @@ ${activateGroups(schema, groups)}
   //    it in that order, one job after the other).
   // 4. A group whose head could not be leased (a producer's job not committed yet or rolled
   //    back, a stale head) is not held: its head is recomputed from a dirty read (which sees an
-  //    uncommitted job, so a rolled-back one never strands the group), and it is left alone for
-  //    STALE_HEAD_PAUSE_MS; a group with no unfinished job left is deleted.
+  //    uncommitted job, so a rolled-back one never strands the group), and it waits
+  //    (IX_Groups_Waiting) for STALE_HEAD_PAUSE_MS; a group with no unfinished job left is deleted.
   const groupClaim = `  DECLARE @held TABLE (
     [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY, [HeadId] bigint NOT NULL,
     [HeadPriority] int NULL, [HeadReadyAt] datetime2(3) NULL, [Token] uniqueidentifier NOT NULL, [LastId] bigint NULL);
@@ -712,7 +727,7 @@ ${atomically(`${candidateJobs}
   SET [HeldToken] = NULL, [HeadId] = n.[Id], [HeadPriority] = n.[Priority],
       [HeadReadyAt] = CASE WHEN n.[RunAt] > DATEADD(millisecond, ${STALE_HEAD_PAUSE_MS}, SYSUTCDATETIME()) THEN n.[RunAt]
                            ELSE DATEADD(millisecond, ${STALE_HEAD_PAUSE_MS}, SYSUTCDATETIME()) END,
-      [UpdatedAt] = SYSUTCDATETIME()
+      [Waiting] = CASE WHEN n.[Id] IS NULL THEN 0 ELSE 1 END, [UpdatedAt] = SYSUTCDATETIME()
   FROM ${groups} AS g WITH (ROWLOCK)
   INNER JOIN @held AS h ON g.[Queue] = @queue AND g.[GroupKey] = h.[GroupKey]
   OUTER APPLY ${firstUnfinished(jobs, '@queue', 'h.[GroupKey]')} AS n
@@ -770,13 +785,19 @@ ${atomically(`${candidateJobs}
     // the claim that follows sees them. The ready index holds no delayed rows, so neither
     // statement reads (or U-locks) the delayed backlog, whatever its priorities (review P2). A
     // promoted job another claimer takes first is simply claimed there.
+    // Then, the same way, up to @limit due waiting groups (IX_Groups_Waiting, oldest first: a
+    // group whose head was not due when it was set) join the claimable ones, so neither the
+    // probe nor the claim below reads a group that is not due, however many there are and
+    // whatever their priorities. The promoted ones compete in claim order with the others; a
+    // group that loses its place stays claimable for the next claim.
     // Ordered groups (issue 11): a grouped job is never in IX_Jobs_Claim or IX_Jobs_Delayed; it
-    // is claimed as its group's head, through the group's row. A queue without claimable groups
-    // costs one more seek (an empty range of IX_Groups_Claimable) and claims as before. With some,
-    // the @limit units (an ungrouped job, or a group's batch) go to the best of both in claim
-    // order, counted from a read that waits for no lock (READPAST) and keeps none; the locking
-    // statements then take that many of each in one transaction (best effort, as the order
-    // always is: a row another claimer holds is passed over). See groupClaim for the group side.
+    // is claimed as its group's head, through the group's row. A queue without groups costs two
+    // more seeks (empty ranges of IX_Groups_Waiting and IX_Groups_Claimable) and claims as
+    // before. With some, the @limit units (an ungrouped job, or a group's batch) go to the best
+    // of both in claim order, counted from a read that waits for no lock (READPAST) and keeps
+    // none; the locking statements then take that many of each in one transaction (best effort,
+    // as the order always is: a row another claimer holds is passed over). See groupClaim for
+    // the group side.
     claim: `${MSSQL_STORE_SESSION}DECLARE @claimed TABLE (
   [Id] bigint NOT NULL, [Queue] nvarchar(128) NOT NULL, [Payload] nvarchar(max) NOT NULL, [Priority] int NOT NULL,
   [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL, [IdempotencyKey] nvarchar(255) NULL, [Attempts] int NOT NULL,
@@ -792,6 +813,14 @@ WITH due AS (
 )
 UPDATE due
 SET [State] = 'ready';
+WITH promoted AS (
+  SELECT TOP (@limit) *
+  FROM ${groups} WITH (${CLAIM_HINTS})
+  WHERE [Queue] = @queue AND ${WAITING_GROUP} AND [HeadReadyAt] <= SYSUTCDATETIME()
+  ORDER BY [HeadReadyAt], [HeadId]
+)
+UPDATE promoted
+SET [Waiting] = 0, [UpdatedAt] = SYSUTCDATETIME();
 IF EXISTS (
   SELECT 1 FROM ${groups} WITH (READPAST, READCOMMITTEDLOCK)
   WHERE [Queue] = @queue AND ${CLAIMABLE_GROUP} AND [HeadReadyAt] <= SYSUTCDATETIME()
@@ -948,11 +977,17 @@ FROM @items AS i LEFT JOIN @released AS r ON r.[Id] = i.[Id];`,
     // their own lease says: the token is void, so its holder cannot go on with any of them
     // (the PostgreSQL store does the same). They wait for their row locks (ROWLOCK, no
     // READPAST): a sibling a worker is completing right now is settled by whichever of the two
-    // takes the group row second. Then the group is settled as after a failure.
+    // takes the group row second. A batch runs in id order, so of its jobs still leased only the
+    // lowest can have started: the others never ran, and are given back as a release would give
+    // them (their attempt returned, their last error kept, ready even at their last attempt, no
+    // attempt row). They are written twice (reaped, then given back: the reaper's locked read is
+    // the seed's update in place, which cannot tell them apart), in one transaction, on rows it
+    // already holds. Then the group is settled as after a failure.
     reap: `${MSSQL_STORE_SESSION}DECLARE @reaped TABLE (
   [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL, [State] varchar(8) NOT NULL, [Attempt] int NOT NULL,
   [Token] uniqueidentifier NULL, [WorkerId] nvarchar(255) NULL, [ClaimedAt] datetime2(3) NULL, [LastError] nvarchar(max) NULL,
-  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL);
+  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL, [PriorError] nvarchar(max) NULL,
+  [Unstarted] bit NOT NULL DEFAULT (0));
 DECLARE @batchTokens TABLE ([Token] uniqueidentifier NOT NULL PRIMARY KEY);
 ${TOUCHED_GROUPS}${atomically(`  WITH expired AS (
     SELECT TOP (@batch) *
@@ -966,8 +1001,8 @@ ${TOUCHED_GROUPS}${atomically(`  WITH expired AS (
       [LastError] = CONCAT(N'lease expired at ', STUFF(CONVERT(char(23), [LeaseUntil], 121), 11, 1, 'T'), N'Z (worker ', COALESCE([WorkerId], N'unknown'), N')'),
       [ClaimToken] = NULL, [LeaseUntil] = NULL
   OUTPUT inserted.[Id], inserted.[Queue], inserted.[State], inserted.[Attempts], deleted.[ClaimToken], deleted.[WorkerId],
-         deleted.[ClaimedAt], inserted.[LastError], inserted.[GroupKey]
-  INTO @reaped ([Id], [Queue], [State], [Attempt], [Token], [WorkerId], [ClaimedAt], [LastError], [GroupKey]);
+         deleted.[ClaimedAt], inserted.[LastError], inserted.[GroupKey], deleted.[LastError]
+  INTO @reaped ([Id], [Queue], [State], [Attempt], [Token], [WorkerId], [ClaimedAt], [LastError], [GroupKey], [PriorError]);
   IF EXISTS (SELECT 1 FROM @reaped WHERE [GroupKey] IS NOT NULL)
   BEGIN
     INSERT INTO @batchTokens ([Token]) SELECT DISTINCT [Token] FROM @reaped WHERE [GroupKey] IS NOT NULL AND [Token] IS NOT NULL;
@@ -978,15 +1013,27 @@ ${TOUCHED_GROUPS}${atomically(`  WITH expired AS (
                              COALESCE(s.[WorkerId], N'unknown'), N') with its group batch'),
         [ClaimToken] = NULL, [LeaseUntil] = NULL
     OUTPUT inserted.[Id], inserted.[Queue], inserted.[State], inserted.[Attempts], deleted.[ClaimToken], deleted.[WorkerId],
-           deleted.[ClaimedAt], inserted.[LastError], inserted.[GroupKey]
-    INTO @reaped ([Id], [Queue], [State], [Attempt], [Token], [WorkerId], [ClaimedAt], [LastError], [GroupKey])
+           deleted.[ClaimedAt], inserted.[LastError], inserted.[GroupKey], deleted.[LastError]
+    INTO @reaped ([Id], [Queue], [State], [Attempt], [Token], [WorkerId], [ClaimedAt], [LastError], [GroupKey], [PriorError])
     FROM ${jobs} AS s WITH (ROWLOCK)
     INNER JOIN @batchTokens AS b ON s.[ClaimToken] = b.[Token]
     WHERE s.[State] = 'leased' AND s.[GroupKey] IS NOT NULL;
+    UPDATE r SET [Unstarted] = 1
+    FROM @reaped AS r
+    WHERE r.[GroupKey] IS NOT NULL AND EXISTS (SELECT 1 FROM @reaped AS x WHERE x.[Token] = r.[Token] AND x.[Id] < r.[Id]);
+    UPDATE j
+    SET [State] = 'ready', [Attempts] = CASE WHEN j.[Attempts] > 0 THEN j.[Attempts] - 1 ELSE 0 END, [FinishedAt] = NULL,
+        [LastError] = r.[PriorError], [ClaimedAt] = NULL, [WorkerId] = NULL
+    FROM ${jobs} AS j WITH (ROWLOCK)
+    INNER JOIN @reaped AS r ON r.[Id] = j.[Id]
+    WHERE r.[Unstarted] = 1;
+    UPDATE r SET [State] = 'ready', [Attempt] = CASE WHEN r.[Attempt] > 0 THEN r.[Attempt] - 1 ELSE 0 END
+    FROM @reaped AS r
+    WHERE r.[Unstarted] = 1;
   END;
   INSERT INTO ${attempts} WITH (ROWLOCK) ([JobId], [Queue], [Attempt], [Outcome], [Error], [Stack], [WorkerId], [ClaimToken], [StartedAt], [FinishedAt])
   SELECT [Id], [Queue], [Attempt], 'lease-expired', [LastError], NULL, [WorkerId], [Token], [ClaimedAt], SYSUTCDATETIME()
-  FROM @reaped;
+  FROM @reaped WHERE [Unstarted] = 0;
   IF EXISTS (SELECT 1 FROM @reaped WHERE [GroupKey] IS NOT NULL)
   BEGIN
     INSERT INTO @touched ([Queue], [GroupKey], [Token], [BlockId])
@@ -998,7 +1045,8 @@ ${settleGroups(jobs, groups)}
   END;`)}
 SELECT CAST([Id] AS varchar(20)) AS [Id], [Queue], [State], [Attempt] FROM @reaped;`,
 
-    // A due delayed job counts: the next claim promotes and takes it; so does a claimable group.
+    // A due delayed job counts: the next claim promotes and takes it; so do a claimable group and
+    // a due waiting one (each a seek that stops at the first due row).
     hasClaimableWork: `${MSSQL_STORE_SESSION}SELECT CAST(CASE WHEN EXISTS (
   SELECT 1 FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
   WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()
@@ -1008,6 +1056,9 @@ SELECT CAST([Id] AS varchar(20)) AS [Id], [Queue], [State], [Attempt] FROM @reap
 ) OR EXISTS (
   SELECT 1 FROM ${groups} WITH (READPAST, READCOMMITTEDLOCK)
   WHERE [Queue] = @queue AND ${CLAIMABLE_GROUP} AND [HeadReadyAt] <= SYSUTCDATETIME()
+) OR EXISTS (
+  SELECT 1 FROM ${groups} WITH (READPAST, READCOMMITTEDLOCK)
+  WHERE [Queue] = @queue AND ${WAITING_GROUP} AND [HeadReadyAt] <= SYSUTCDATETIME()
 ) THEN 1 ELSE 0 END AS bit) AS [HasWork];`,
 
     // Each figure reads one filtered index that covers it (Attempts is included in the ready
@@ -1109,13 +1160,13 @@ ${atomically(`  DELETE TOP (@batch) FROM ${jobs} WITH (ROWLOCK)
   IF EXISTS (SELECT 1 FROM @purged WHERE [GroupKey] IS NOT NULL)
   BEGIN
     UPDATE g
-    SET [Blocked] = 0, [HeadId] = NULL, [HeadReadyAt] = NULL, [HeadPriority] = NULL, [UpdatedAt] = SYSUTCDATETIME()
+    SET [Blocked] = 0, [HeadId] = NULL, [HeadReadyAt] = NULL, [HeadPriority] = NULL, [Waiting] = 0, [UpdatedAt] = SYSUTCDATETIME()
     OUTPUT inserted.[Queue], inserted.[GroupKey] INTO @unblocked ([Queue], [GroupKey])
     FROM ${groups} AS g WITH (ROWLOCK)
     INNER JOIN @purged AS p ON g.[Queue] = p.[Queue] AND g.[GroupKey] = p.[GroupKey] AND g.[HeadId] = p.[Id]
     WHERE g.[Blocked] = 1;
     UPDATE g
-    SET [HeadId] = n.[Id], [HeadReadyAt] = n.[RunAt], [HeadPriority] = n.[Priority]
+    SET [HeadId] = n.[Id], [HeadReadyAt] = n.[RunAt], [HeadPriority] = n.[Priority], [Waiting] = ${waitingFor('n.[RunAt]')}
     FROM ${groups} AS g WITH (ROWLOCK)
     INNER JOIN @unblocked AS b ON g.[Queue] = b.[Queue] AND g.[GroupKey] = b.[GroupKey]
     CROSS APPLY ${firstUnfinished(jobs, 'g.[Queue]', 'g.[GroupKey]')} AS n;
@@ -1270,7 +1321,8 @@ ${atomically(`  IF @version IS NOT NULL
     ELSE IF @problem IS NOT NULL
       UPDATE ${groups} WITH (ROWLOCK)
       SET [HeldToken] = CASE WHEN @firstState = 'leased' THEN @firstToken END, [Blocked] = 0, [HeadId] = @firstId,
-          [HeadReadyAt] = @firstAt, [HeadPriority] = @firstPriority, [UpdatedAt] = SYSUTCDATETIME()
+          [HeadReadyAt] = @firstAt, [HeadPriority] = @firstPriority, [Waiting] = ${waitingFor('@firstAt')},
+          [UpdatedAt] = SYSUTCDATETIME()
       WHERE [Queue] = @queue AND [GroupKey] = @groupKey;
   END
   ELSE IF @version IS NULL AND @firstId IS NOT NULL
@@ -1280,8 +1332,9 @@ ${atomically(`  IF @version IS NOT NULL
     EXEC @lock = sys.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0;
     IF @lock >= 0 AND NOT EXISTS (SELECT 1 FROM ${groups} WITH (READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [GroupKey] = @groupKey)
     BEGIN
-      INSERT INTO ${groups} WITH (ROWLOCK) ([Queue], [GroupKey], [HeadId], [HeadReadyAt], [HeadPriority], [HeldToken])
-      VALUES (@queue, @groupKey, @firstId, @firstAt, @firstPriority, CASE WHEN @firstState = 'leased' THEN @firstToken END);
+      INSERT INTO ${groups} WITH (ROWLOCK) ([Queue], [GroupKey], [HeadId], [HeadReadyAt], [HeadPriority], [Waiting], [HeldToken])
+      VALUES (@queue, @groupKey, @firstId, @firstAt, @firstPriority, ${waitingFor('@firstAt')},
+              CASE WHEN @firstState = 'leased' THEN @firstToken END);
       SET @problem = CONCAT(N'unfinished jobs but no group row; created it with head ', @firstId);
     END;
   END;`)}
