@@ -510,8 +510,8 @@ SELECT id::text AS id, queue, state, attempts, ${EMPTIED_GROUPS} FROM reaped`,
     // $1 queue, $2 keys, $3 job ids (one entry per group): the lowest job id this call added to
     // (or retried in) each group of the queue. Arrays, not json, so the planner knows how many
     // rows come in (a plain, not prepared, statement is planned with its values); each group is
-    // one primary-key lookup, and the CTEs are compared through hashed IN lists, never row by
-    // row. Runs in the producer's transaction, after the insert, and before touchMove. A group
+    // one primary-key lookup, and the CTEs are compared through joins or hashed lists, never
+    // scanned once per row. Runs in the producer's transaction, after the insert, and before touchMove. A group
     // with no row gets one with the job as head ('created'). An existing row is locked FOR KEY
     // SHARE ('locked'), which neither claims (FOR NO KEY UPDATE) nor completions conflict with, so
     // a caller's long transaction holds up no one; it makes a completion that emptied the group
@@ -540,11 +540,11 @@ SELECT id::text AS id, queue, state, attempts, ${EMPTIED_GROUPS} FROM reaped`,
   ON CONFLICT (queue, group_key) DO NOTHING
   RETURNING group_key
 )
-SELECT key, id::text AS id,
-  CASE WHEN key IN (SELECT group_key FROM locked) THEN 'locked'
-       WHEN key IN (SELECT group_key FROM created) THEN 'created'
-       ELSE 'missing' END AS status
-FROM input`,
+SELECT i.key, i.id::text AS id,
+  CASE WHEN l.group_key IS NOT NULL THEN 'locked' WHEN c.group_key IS NOT NULL THEN 'created' ELSE 'missing' END AS status
+FROM input i
+LEFT JOIN locked l ON l.group_key = i.key
+LEFT JOIN created c ON c.group_key = i.key`,
 
     // $1 queue, $2 keys, $3 job ids: the groups touchLock locked, headed by the lowest new id of
     // each; $4 keys, $5 ids: every job retryDead moved back, since a blocked group is released
