@@ -528,10 +528,12 @@ SELECT id::text AS id, queue, state, attempts, ${EMPTIED_GROUPS} FROM reaped`,
     SELECT run_at, priority FROM ${jobs} WHERE id = i.id AND state IN ('ready', 'delayed') LIMIT 1
   ) AS j
 ), locked AS MATERIALIZED (
-  SELECT group_key FROM ${groups}
-  WHERE queue = $1 AND group_key IN (SELECT key FROM input)
-  ORDER BY group_key
-  FOR KEY SHARE
+  -- One primary-key probe per group, whatever the statistics say (a queue they have not seen
+  -- yet is estimated at one row, and a join then compared every group with every input).
+  SELECT g.group_key FROM (SELECT key FROM input ORDER BY key) AS i
+  CROSS JOIN LATERAL (
+    SELECT group_key FROM ${groups} WHERE queue = $1 AND group_key = i.key FOR KEY SHARE
+  ) AS g
 ), created AS (
   INSERT INTO ${groups} (queue, group_key, head_id, head_ready_at, head_priority, waiting)
   SELECT $1, key, id, run_at, priority, run_at > statement_timestamp() FROM input
