@@ -15,6 +15,8 @@ class BatchStore extends MemoryStore {
   readonly completed: string[] = [];
   readonly failed: string[] = [];
   readonly released: string[] = [];
+  /** Every outcome statement, in the order sent. */
+  readonly statements: string[] = [];
   private batch: ClaimedJob[] | null;
 
   constructor(ids: string[]) {
@@ -33,11 +35,13 @@ class BatchStore extends MemoryStore {
 
   override async complete(items: readonly OwnedJob[]) {
     this.completed.push(...items.map((item) => item.id));
+    this.statements.push(`complete ${items.map((item) => item.id).join(',')}`);
     return items.map((item) => ({ id: item.id, outcome: 'ok' as const }));
   }
 
   override async fail(items: readonly FailItem[]) {
     this.failed.push(...items.map((item) => item.id));
+    this.statements.push(`fail ${items.map((item) => item.id).join(',')}`);
     return items.map((item) => ({ id: item.id, outcome: 'ok' as const, state: 'ready' as const }));
   }
 
@@ -87,8 +91,9 @@ describe('a group batch', () => {
     consumer.start();
     await clock.advance(1_000);
     expect(spans.map((s) => s.id)).toEqual(['1']);
-    expect(store.completed).toEqual(['1']);
-    expect(store.failed).toEqual(['2']);
+    // Job 1's completion is recorded before job 2's failure, which gives back the batch's jobs
+    // still leased: sent after it, job 1 would be given back too and run again.
+    expect(store.statements).toEqual(['complete 1', 'fail 2']);
     // Job 3 never ran, and is not given back from here (the database already did, with job 2's
     // failure), nor heartbeated any longer.
     expect(store.released).toEqual([]);

@@ -181,8 +181,13 @@ export class JobAcker {
     await new Promise<void>((resolve) => setImmediate(resolve));
     while (this.pending > 0 && !this.closed.signal.aborted) {
       // Failures first: a job failed on timeout may also report a late success, which must
-      // meet the voided token (and be refused), not win a race against its own failure.
-      const failuresOk = await this.flushFailures(this.failures.splice(0, MAX_BATCH));
+      // meet the voided token (and be refused), not win a race against its own failure. But
+      // the completions of earlier jobs of a failing job's group batch go before it: the failure
+      // gives back the batch's jobs still leased, which would include them.
+      const failures = this.failures.splice(0, MAX_BATCH);
+      const earlierOk = await this.flushCompletes(this.takeBatchCompletionsBefore(failures));
+      if (!earlierOk) this.failures.unshift(...failures);
+      const failuresOk = earlierOk && (await this.flushFailures(failures));
       const releasesOk = await this.flushReleases(this.releases.splice(0, MAX_BATCH));
       const completesOk = failuresOk && (await this.flushCompletes(this.completes.splice(0, MAX_BATCH)));
       if (failuresOk && releasesOk && completesOk) {
@@ -193,6 +198,27 @@ export class JobAcker {
         this.retryDelayMs = Math.min(RETRY_MAX_MS, this.retryDelayMs * 2);
       }
     }
+  }
+
+  /**
+   * Takes out of the pending completions those of jobs that ran before a failing job of the
+   * same ordered group batch (same group key and claim token), so they are recorded first.
+   */
+  private takeBatchCompletionsBefore(failures: readonly PendingFailure[]): Pending[] {
+    const failing = new Set(
+      failures.filter(({ held }) => held.job.groupKey !== null).map(({ held }) => held.job.claimToken),
+    );
+    if (failing.size === 0 || this.completes.length === 0) return [];
+    const failingIds = new Set(failures.map(({ held }) => held.job.id));
+    const earlier: Pending[] = [];
+    const rest: Pending[] = [];
+    for (const item of this.completes) {
+      const { job } = item.held;
+      const before = job.groupKey !== null && failing.has(job.claimToken) && !failingIds.has(job.id);
+      (before ? earlier : rest).push(item);
+    }
+    this.completes = rest;
+    return earlier;
   }
 
   private async flushCompletes(items: Pending[]): Promise<boolean> {
