@@ -97,8 +97,7 @@ const report = {
   results: results.map((r) => ({ ...r, ratioPercent: ratio(r), verdict: verdict(r) || undefined })),
 };
 process.stdout.write(`\n${JSON.stringify(report, null, 2)}\n`);
+// A partial run (--only) must not replace the results of a full one: it goes beside them.
+const file = only ? 'partial' : quick ? 'quick' : 'latest';
 mkdirSync(new URL('../../../bench/results/', import.meta.url), { recursive: true });
-writeFileSync(
-  new URL(`../../../bench/results/${quick ? 'quick' : 'latest'}.json`, import.meta.url),
-  `${JSON.stringify(report, null, 2)}\n`,
-);
+writeFileSync(new URL(`../../../bench/results/${file}.json`, import.meta.url), `${JSON.stringify(report, null, 2)}\n`);
