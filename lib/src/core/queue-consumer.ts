@@ -196,6 +196,9 @@ export class QueueConsumer {
       }
       const rest = batch.slice(index + 1);
       if (rest.length === 0) return;
+      // A handler that blocked the event loop past the lease may return before any heartbeat
+      // tick could notice: the batch's token may be void and its group taken by another reader.
+      if (outcome === 'completed' && this.deps.clock.now() >= rest[0]!.localLeaseUntil) outcome = 'ended';
       if (outcome === 'completed' && !this.stopping) continue;
       if (outcome === 'ended') for (const follower of rest) this.forget(follower);
       else this.acker.release(rest);
@@ -590,10 +593,11 @@ export class QueueConsumer {
         if (result?.outcome === 'ok') {
           held.renewedAtLocal = requestedAt;
           held.localLeaseUntil = requestedAt + held.leaseMs;
-        } else if (this.held.get(held.job.id) === held && (this.running.has(held) || this.buffer.includes(held))) {
-          // Only a job still running or waiting can lose its lease here. Once its handler has
-          // returned, its outcome is in flight, and that token-checked write ('ok', 'already'
-          // or 'lost') decides and reports, not a renewal racing it.
+        } else if (this.held.get(held.job.id) === held && (this.running.has(held) || held.startedAtLocal === null)) {
+          // Only a job still running or waiting (buffered, or later in a group batch) can lose
+          // its lease here. Once its handler has returned, its outcome is in flight, and that
+          // token-checked write ('ok', 'already' or 'lost') decides and reports, not a renewal
+          // racing it.
           this.markLost(held);
         }
       }

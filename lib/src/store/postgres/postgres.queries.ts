@@ -26,8 +26,8 @@ export interface PgQueries {
   reap: string;
   touchLock: string;
   touchMove: string;
+  releaseVoidHolds: string;
   settleLock: string;
-  settleLockWait: string;
   settleApply: string;
   repairCheck: string;
   repairLock: string;
@@ -327,7 +327,10 @@ JOIN ${jobs} j ON j.queue = k.queue AND j.idempotency_key = k.key`,
             ORDER BY id
             LIMIT $5) AS u
     ) AS b
-    WHERE b.runnable AND b.first_id = g.head_id
+    -- A first unfinished job below the cached head committed late (a producer's transaction,
+    -- or retryDead, open while the group was held): it is the rightful head, and the group row's
+    -- lock makes the lease exclusive. One above it means a stale cache: nothing is leased.
+    WHERE b.runnable AND b.first_id <= g.head_id
   ) AS m
 ), candidates AS MATERIALIZED (
   SELECT id, true AS lease, gen_random_uuid() AS token FROM ranked WHERE kind IN ('ready', 'delayed') AND lease
@@ -359,7 +362,7 @@ JOIN ${jobs} j ON j.queue = k.queue AND j.idempotency_key = k.key`,
         UNION ALL
         SELECT w.group_key, w.id, NULL, false FROM due_waiting_groups w
         WHERE w.group_key NOT IN (SELECT group_key FROM chosen_groups)) AS c
-  CROSS JOIN LATERAL (SELECT c.head_id IN (SELECT id FROM updated) AS leased) AS h
+  CROSS JOIN LATERAL (SELECT c.token IN (SELECT claim_token FROM updated WHERE lease) AS leased) AS h
   WHERE g.queue = $1 AND g.group_key = c.group_key
 )
 SELECT id::text AS id, payload, priority, group_key, idempotency_key, attempts, max_attempts,
@@ -503,7 +506,12 @@ FROM input LEFT JOIN released ON released.id = input.id`,
   SELECT id, queue, attempts, 'lease-expired', last_error, NULL, worker_id, token, claimed_at, now()
   FROM reaped WHERE NOT unstarted
 )
-SELECT id::text AS id, queue, state, attempts, ${EMPTIED_GROUPS} FROM reaped`,
+SELECT id::text AS id, queue, state, attempts, ${EMPTIED_GROUPS},
+  CASE WHEN row_number() OVER () = 1 THEN
+    (SELECT json_agg(DISTINCT jsonb_build_object('queue', queue, 'key', group_key, 'token', token))
+     FROM reaped WHERE group_key IS NOT NULL)
+  END AS voided_holds
+FROM reaped`,
 
     // ---- ordered groups ------------------------------------------------------------------
 
@@ -514,9 +522,9 @@ SELECT id::text AS id, queue, state, attempts, ${EMPTIED_GROUPS} FROM reaped`,
     // scanned once per row. Runs in the producer's transaction, after the insert, and before touchMove. A group
     // with no row gets one with the job as head ('created'). An existing row is locked FOR KEY
     // SHARE ('locked'), which neither claims (FOR NO KEY UPDATE) nor completions conflict with, so
-    // a caller's long transaction holds up no one; it makes a completion that emptied the group
-    // wait for this transaction before it settles the group (settleLockWait), so the job is either
-    // seen by the settling or made the head by touchMove, never neither. A row this statement's
+    // a caller's long transaction holds up no one; a completion that emptied the group settles it
+    // only once this transaction is over (settleLock skips the row until then and tries again), so
+    // the job is either seen by the settling or made the head by touchMove, never neither. A row this statement's
     // snapshot cannot see (created or deleted concurrently) is 'missing', and the store runs the
     // statement again. A head not due yet waits (`waiting`); due is judged on this statement's
     // clock, since now() is the caller's transaction start, older than the job.
@@ -566,6 +574,24 @@ WHERE g.queue = $1 AND g.group_key = ANY ($2::text[]) AND g.group_key = i.key AN
        OR (g.blocked AND g.head_id IN (SELECT r.id FROM unnest($4::text[], $5::bigint[]) AS r(key, id)
                                        WHERE r.key = g.group_key)))`,
 
+    // $1 queues, $2 keys, $3 tokens: groups whose token the reaper voided. A completion of
+    // another job of the batch, running at the same time, may have kept the group held (it saw
+    // the reaped job still leased) while the reaper, on its older snapshot, saw that completion's
+    // job still leased too: neither let the group go. Run after the reap committed (which waited
+    // for that completion), this sees both: a group still held by a token no job is leased with
+    // is released, headed by its lowest unfinished job (none: emptied, settled as usual).
+    releaseVoidHolds: `UPDATE ${groups} AS g
+SET held_token = NULL,
+    head_id = (SELECT u.id FROM (${firstUnfinishedRow('g')}) AS u),
+    head_ready_at = (SELECT u.run_at FROM (${firstUnfinishedRow('g')}) AS u),
+    head_priority = (SELECT u.priority FROM (${firstUnfinishedRow('g')}) AS u),
+    waiting = COALESCE((SELECT u.run_at > now() FROM (${firstUnfinishedRow('g')}) AS u), false),
+    updated_at = now()
+FROM unnest($1::text[], $2::text[], $3::uuid[]) AS t(queue, key, token)
+WHERE g.queue = t.queue AND g.group_key = t.key AND g.held_token = t.token
+  AND NOT EXISTS (SELECT 1 FROM ${jobs} s WHERE s.claim_token = t.token AND s.state = 'leased' AND s.group_key IS NOT NULL)
+RETURNING g.queue, g.group_key AS key, g.head_id IS NULL AS emptied`,
+
     // $1 queue, $2 keys: groups of the queue a transition emptied. Locks those still idle and
     // headless, skipping any a producer holds (its FOR KEY SHARE) or another session is settling.
     // One queue and an array of keys: a primary-key index condition, whatever the planner thinks
@@ -574,12 +600,6 @@ WHERE g.queue = $1 AND g.group_key = ANY ($2::text[]) AND g.group_key = i.key AN
 WHERE queue = $1 AND group_key = ANY ($2::text[]) AND head_id IS NULL AND held_token IS NULL AND NOT blocked
 ORDER BY group_key
 FOR UPDATE SKIP LOCKED`,
-
-    // $1 queue, $2 key: the same for one group a producer was holding, waiting for it to commit
-    // or roll back (bounded by the transaction's lock_timeout).
-    settleLockWait: `SELECT group_key AS key FROM ${groups}
-WHERE queue = $1 AND group_key = $2 AND head_id IS NULL AND held_token IS NULL AND NOT blocked
-FOR UPDATE`,
 
     // $1 queue, $2 keys: groups settleLock locked, read again in a new statement (a new
     // snapshot, which sees every producer that held them): the lowest unfinished job becomes the

@@ -39,12 +39,10 @@ const PURGE_BATCH = 5_000;
 const IDEMPOTENT_ENQUEUE_ROUNDS = 3;
 /** Rounds of touchGroups before giving up: each lost round is a group created or deleted meanwhile. */
 const GROUP_TOUCH_ROUNDS = 5;
-/**
- * How long a background settle waits for a producer's transaction per try (short, so closing the
- * store never waits long for one), and how often it tries (10 minutes in all).
- */
-const SETTLE_WAIT_MS = 5_000;
-const SETTLE_TRIES = 120;
+/** Retries of a group a producer still held: backoff bounds, and how long to keep trying. */
+const SETTLE_RETRY_MIN_MS = 50;
+const SETTLE_RETRY_MAX_MS = 2_000;
+const SETTLE_RETRY_FOR_MS = 600_000;
 /** Emptied groups settled per pair of statements. */
 const SETTLE_BATCH = 1_000;
 /** The repair sweep waits at most this long on a row lock before leaving a page for a later pass. */
@@ -71,8 +69,9 @@ export class PostgresQueueStore implements QueueStore {
   private readonly prepared: (name: keyof PgQueries) => string;
   /** Wake-up channel: one per schema, payload = queue name. */
   readonly channel: string;
-  /** Emptied groups waiting (in the background) for a producer's transaction before they settle. */
-  private readonly settling = new Map<string, Promise<void>>();
+  /** Emptied groups a producer still held, tried again after a backoff. */
+  private readonly settleRetries = new Map<string, { group: GroupRef; delayMs: number; since: number }>();
+  private settleTimer: ReturnType<typeof setTimeout> | null = null;
   /** Emptied groups to settle, and the loop settling them. */
   private readonly toSettle = new Map<string, GroupRef>();
   private settlingNow: Promise<void> | null = null;
@@ -315,12 +314,20 @@ export class PostgresQueueStore implements QueueStore {
   }
 
   async reap(batchSize: number): Promise<ReapedJob[]> {
-    const rows = await this.run<{ id: string; queue: string; state: 'ready' | 'dead'; attempts: number } & Emptied>(
-      null,
-      'reap',
-      [batchSize],
-    );
+    const rows = await this.run<
+      { id: string; queue: string; state: 'ready' | 'dead'; attempts: number } & Emptied & {
+          voided_holds: (GroupRef & { token: string })[] | null;
+        }
+    >(null, 'reap', [batchSize]);
     this.settle(rows[0]?.emptied_groups);
+    const voided = rows[0]?.voided_holds;
+    if (voided && voided.length > 0) {
+      const released = await this.driver.query<GroupRef & { emptied: boolean }>(this.sql.releaseVoidHolds, [
+        ...groupArrays(voided),
+        voided.map((hold) => hold.token),
+      ]);
+      this.settle(released.rows.filter((row) => row.emptied));
+    }
     return rows.map((row) => ({ id: row.id, queue: row.queue, state: row.state, attempt: Number(row.attempts) }));
   }
 
@@ -564,30 +571,40 @@ export class PostgresQueueStore implements QueueStore {
         } catch {
           // Left to the per-group waits below, which retry.
         }
-        for (const key of keys) if (!done.has(key)) this.settleLater({ queue, key });
+        for (const key of keys) {
+          if (done.has(key)) this.settleRetries.delete(groupId({ queue, key }));
+          else this.settleLater({ queue, key });
+        }
       }
     }
   }
 
+  /**
+   * A group a producer still holds (its FOR KEY SHARE) is tried again later, never waited for
+   * on a pool connection: a caller's long transaction must not hold the store's connections.
+   * Backs off from 100 ms to 2 s, for up to 10 minutes; the repair sweep settles what is left.
+   */
   private settleLater(group: GroupRef): void {
     const id = groupId(group);
-    if (this.settling.has(id) || this.closed) return;
-    const task = (async () => {
-      for (let attempt = 0; attempt < SETTLE_TRIES && !this.closed; attempt++) {
-        try {
-          const locked = await this.driver.transaction(async (client) => {
-            await client.query(`SET LOCAL lock_timeout = ${SETTLE_WAIT_MS}`);
-            return (await client.query<{ key: string }>(this.sql.settleLockWait, [group.queue, group.key])).rows;
-          });
-          if (locked.length > 0) await this.driver.query(this.sql.settleApply, [group.queue, [group.key]]);
-          return;
-        } catch {
-          // A lock timeout (the producer's transaction is still open) or a lost connection: try
-          // again; what is never settled here, the repair sweep settles.
-        }
-      }
-    })().finally(() => this.settling.delete(id));
-    this.settling.set(id, task);
+    if (this.closed) return;
+    const entry = this.settleRetries.get(id) ?? { group, delayMs: SETTLE_RETRY_MIN_MS, since: Date.now() };
+    if (Date.now() - entry.since > SETTLE_RETRY_FOR_MS) {
+      this.settleRetries.delete(id);
+      return;
+    }
+    entry.delayMs = Math.min(entry.delayMs * 2, SETTLE_RETRY_MAX_MS);
+    this.settleRetries.set(id, entry);
+    if (this.settleTimer) return;
+    this.settleTimer = setTimeout(
+      () => {
+        this.settleTimer = null;
+        const due = [...this.settleRetries.values()];
+        // Each group keeps its own backoff; the timer runs at the shortest one.
+        this.settle(due.map((retry) => retry.group));
+      },
+      Math.min(...[...this.settleRetries.values()].map((retry) => retry.delayMs)),
+    );
+    this.settleTimer.unref?.();
   }
 
   async cleanup(request: CleanupRequest): Promise<number> {
@@ -625,6 +642,7 @@ export class PostgresQueueStore implements QueueStore {
     // with no job, which a producer heads again or the repair sweep deletes.
     if (this.settlingNow) await settleWithin(this.settlingNow, 5_000);
     this.closed = true;
+    if (this.settleTimer) clearTimeout(this.settleTimer);
     await this.driver.close();
   }
 
