@@ -596,10 +596,19 @@ RETURNING g.queue, g.group_key AS key, g.head_id IS NULL AS emptied`,
     // headless, skipping any a producer holds (its FOR KEY SHARE) or another session is settling.
     // One queue and an array of keys: a primary-key index condition, whatever the planner thinks
     // of how many groups are idle (its statistics see none, since none stays idle for long).
-    settleLock: `SELECT group_key AS key FROM ${groups}
+    settleLock: `WITH locked AS MATERIALIZED (
+  SELECT group_key FROM ${groups}
+  WHERE queue = $1 AND group_key = ANY ($2::text[]) AND head_id IS NULL AND held_token IS NULL AND NOT blocked
+  ORDER BY group_key
+  FOR UPDATE SKIP LOCKED
+)
+SELECT group_key AS key, true AS locked FROM locked
+UNION ALL
+-- Still to settle but held by someone (a producer's FOR KEY SHARE): tried again later. A group
+-- that is neither (headed again, or gone) needs nothing more.
+SELECT group_key, false FROM ${groups}
 WHERE queue = $1 AND group_key = ANY ($2::text[]) AND head_id IS NULL AND held_token IS NULL AND NOT blocked
-ORDER BY group_key
-FOR UPDATE SKIP LOCKED`,
+  AND group_key NOT IN (SELECT group_key FROM locked)`,
 
     // $1 queue, $2 keys: groups settleLock locked, read again in a new statement (a new
     // snapshot, which sees every producer that held them): the lowest unfinished job becomes the

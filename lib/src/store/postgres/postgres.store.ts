@@ -562,18 +562,19 @@ export class PostgresQueueStore implements QueueStore {
       const batch = [...this.toSettle.values()].slice(0, SETTLE_BATCH);
       for (const group of batch) this.toSettle.delete(groupId(group));
       for (const [queue, keys] of keysByQueue(batch)) {
-        let done = new Set<string>();
+        let held: string[] = keys;
         try {
-          const locked = await this.driver.query<{ key: string }>(this.sql.settleLock, [queue, keys]);
-          const lockedKeys = locked.rows.map((row) => row.key);
-          if (lockedKeys.length > 0) await this.driver.query(this.sql.settleApply, [queue, lockedKeys]);
-          done = new Set(lockedKeys);
+          const rows = await this.driver.query<{ key: string; locked: boolean }>(this.sql.settleLock, [queue, keys]);
+          const locked = rows.rows.filter((row) => row.locked).map((row) => row.key);
+          if (locked.length > 0) await this.driver.query(this.sql.settleApply, [queue, locked]);
+          held = rows.rows.filter((row) => !row.locked).map((row) => row.key);
         } catch {
-          // Left to the per-group waits below, which retry.
+          // All of them are tried again later.
         }
+        const retry = new Set(held);
         for (const key of keys) {
-          if (done.has(key)) this.settleRetries.delete(groupId({ queue, key }));
-          else this.settleLater({ queue, key });
+          if (retry.has(key)) this.settleLater({ queue, key });
+          else this.settleRetries.delete(groupId({ queue, key }));
         }
       }
     }
@@ -599,7 +600,7 @@ export class PostgresQueueStore implements QueueStore {
       () => {
         this.settleTimer = null;
         const due = [...this.settleRetries.values()];
-        // Each group keeps its own backoff; the timer runs at the shortest one.
+        // All pending groups are tried again, after the shortest of their backoffs.
         this.settle(due.map((retry) => retry.group));
       },
       Math.min(...[...this.settleRetries.values()].map((retry) => retry.delayMs)),
