@@ -832,7 +832,7 @@ describe('ordered groups (issue 11)', () => {
     );
   });
 
-  it('the claim leases a group batch only from its cached head, in one transaction with its ungrouped jobs, and pauses a stale group', () => {
+  it('the claim leases a group batch only from its first job at or below its cached head, in one transaction with its ungrouped jobs, and pauses a stale group', () => {
     const claim = queries.claim;
     const group = claim.slice(claim.indexOf('ELSE\nBEGIN\n  SET @jobUnits = @limit - @groupUnits;'));
     const begin = group.indexOf('BEGIN TRANSACTION;');
@@ -841,23 +841,30 @@ describe('ordered groups (issue 11)', () => {
     const window = group.indexOf('CROSS APPLY (\n    SELECT TOP (@groupBatchSize) d.[Id]');
     const members = group.indexOf('CROSS APPLY (\n    SELECT TOP (@groupBatchSize) j.[Id], j.[State], j.[RunAt]');
     const lease = group.indexOf("SET [State] = 'leased', [ClaimToken] = h.[Token]");
+    const lowerHead = group.indexOf('SET [HeadId] = f.[Id]');
     const stale = group.indexOf('SET [HeldToken] = NULL, [HeadId] = n.[Id]');
     const commit = group.indexOf('COMMIT TRANSACTION;');
-    const order = [begin, ungrouped, hold, window, members, lease, stale, commit];
+    const order = [begin, ungrouped, hold, window, members, lease, lowerHead, stale, commit];
     expect(order.every((at, i, all) => at > (i ? all[i - 1]! : 0))).toBe(true);
     // The window is a dirty read of the batch's first jobs; the locked read (READPAST: never
     // waits) stops at its last id, however deep the group and however many of its jobs are
     // locked. A job leased or not due ends the batch, and so does one the locked read passed over.
     const windowRead = normal(group.slice(window, members));
     expect(windowRead).toContain('WITH (READUNCOMMITTED)');
-    expect(windowRead).toContain("AND [State] IN ('ready', 'delayed', 'leased') AND [Id] >= [HeadId] ORDER BY [Id]");
-    expect(normal(group)).toContain(
-      "AND [State] IN ('ready', 'delayed', 'leased') AND [Id] >= [HeadId] AND [Id] <= [LastId] ORDER BY [Id]",
-    );
+    // Both reads start at the group's first unfinished job, not at the cached head: a lower job
+    // (committed after the head was set, or retried while a later one blocked the group) is
+    // leased first, and one still leased below the head stops the batch instead of running beside it.
+    expect(windowRead).toContain("AND [State] IN ('ready', 'delayed', 'leased') ORDER BY [Id]");
+    expect(normal(group)).toContain("AND [State] IN ('ready', 'delayed', 'leased') AND [Id] <= [LastId] ORDER BY [Id]");
+    expect(normal(group)).not.toContain('[Id] >= [HeadId]');
     expect(normal(group)).toContain(
       'SET [Runnable] = 0 FROM @members AS m WHERE NOT EXISTS (SELECT 1 FROM @window AS w WHERE [Id] = [Id] AND [Seq] = [Seq]);',
     );
-    expect(normal(group)).toContain('WHERE [GroupKey] = [GroupKey] AND [Seq] = 1 AND [Id] = [HeadId]');
+    // Leased when the first job is the cached head or below it (then it heads the held row); above it, stale.
+    expect(normal(group)).toContain('WHERE [GroupKey] = [GroupKey] AND [Seq] = 1 AND [Id] <= [HeadId]');
+    expect(normal(group.slice(lowerHead, stale))).toContain(
+      'INNER JOIN @members AS f ON [GroupKey] = [GroupKey] AND [Seq] = 1 WHERE [Id] < [HeadId] AND EXISTS (SELECT 1 FROM @claimed AS c WHERE [Id] = [Id]);',
+    );
     expect(normal(group)).toContain('AND [Seq] <= [Seq] AND [Runnable] = 0');
     expect(group).toContain('DATEADD(millisecond, 200, SYSUTCDATETIME())');
     // Without a claimable group, the ungrouped claim runs alone, in autocommit.

@@ -649,14 +649,19 @@ ${activateGroups(schema, groups)}
   //    claiming or changing this group", never "this group has no head". The hold itself is a
   //    column (HeldToken), not a lock: it outlives this transaction, until the transition that
   //    releases it; only the holder's transitions move the head.
-  // 2. Each group's first @groupBatchSize unfinished jobs from its cached head are read twice:
+  // 2. Each group's first @groupBatchSize unfinished jobs are read twice:
   //    dirty (@window: every job there, committed or not, without a lock) and then locked
   //    (IX_Jobs_Group, CLAIM_HINTS; READPAST passes over a job another session has not
   //    committed), the locked read bounded by the last id of the window, so it never walks a
   //    deep group's jobs past the batch (a producer's thousand uncommitted jobs behind the head
   //    included). The batch is the head and the due jobs right behind it: a job leased, not due
   //    yet, or passed over (in the window, not locked: in flight) ends it, so a batch never
-  //    steps over a job. Nothing is leased unless the first job read is the cached head.
+  //    steps over a job. Nothing is leased unless the first job read is the cached head or below
+  //    it: a lower one (a job the head's setter could not see, or retried while the group was
+  //    blocked by a later one) is the rightful head, and this transaction's lock on the group row
+  //    makes its lease exclusive; the row is then headed by it. One above the cached head means
+  //    a stale cache (step 4). (The read starts at the group's first job, not at the cached
+  //    head: from the head, a batch would run past a lower job, or beside one still leased.)
   // 3. The batch is leased with the group's token, and returned in id order (the caller runs
   //    it in that order, one job after the other).
   // 4. A group whose head could not be leased (a producer's job not committed yet or rolled
@@ -689,7 +694,7 @@ ${atomically(`${candidateJobs}
     SELECT TOP (@groupBatchSize) d.[Id]
     FROM ${jobs} AS d WITH (READUNCOMMITTED)
     WHERE d.[Queue] = @queue AND d.[GroupKey] = h.[GroupKey] AND d.[GroupKey] IS NOT NULL
-      AND d.[State] IN ('ready', 'delayed', 'leased') AND d.[Id] >= h.[HeadId]
+      AND d.[State] IN ('ready', 'delayed', 'leased')
     ORDER BY d.[Id]
   ) AS w;
   UPDATE h SET [LastId] = (SELECT MAX(w.[Id]) FROM @window AS w WHERE w.[GroupKey] = h.[GroupKey])
@@ -702,7 +707,7 @@ ${atomically(`${candidateJobs}
     SELECT TOP (@groupBatchSize) j.[Id], j.[State], j.[RunAt]
     FROM ${jobs} AS j WITH (${CLAIM_HINTS})
     WHERE j.[Queue] = @queue AND j.[GroupKey] = h.[GroupKey] AND j.[GroupKey] IS NOT NULL
-      AND j.[State] IN ('ready', 'delayed', 'leased') AND j.[Id] >= h.[HeadId] AND j.[Id] <= h.[LastId]
+      AND j.[State] IN ('ready', 'delayed', 'leased') AND j.[Id] <= h.[LastId]
     ORDER BY j.[Id]
   ) AS m;
   UPDATE m SET [Runnable] = 0
@@ -711,7 +716,7 @@ ${atomically(`${candidateJobs}
   DELETE m FROM @members AS m
   WHERE EXISTS (SELECT 1 FROM @members AS x WHERE x.[GroupKey] = m.[GroupKey] AND x.[Seq] <= m.[Seq] AND x.[Runnable] = 0)
      OR NOT EXISTS (SELECT 1 FROM @members AS f INNER JOIN @held AS h ON h.[GroupKey] = f.[GroupKey]
-                    WHERE f.[GroupKey] = m.[GroupKey] AND f.[Seq] = 1 AND f.[Id] = h.[HeadId]);
+                    WHERE f.[GroupKey] = m.[GroupKey] AND f.[Seq] = 1 AND f.[Id] <= h.[HeadId]);
   UPDATE j
   SET [State] = 'leased', [ClaimToken] = h.[Token], [Attempts] = j.[Attempts] + 1,
       [LeaseUntil] = DATEADD(millisecond, @leaseMs, SYSUTCDATETIME()), [ClaimedAt] = SYSUTCDATETIME(), [WorkerId] = @workerId
@@ -723,6 +728,12 @@ ${atomically(`${candidateJobs}
   INNER JOIN @members AS m ON m.[Id] = j.[Id]
   INNER JOIN @held AS h ON h.[GroupKey] = m.[GroupKey]
   WHERE j.[State] IN ('ready', 'delayed');
+  UPDATE g
+  SET [HeadId] = f.[Id]
+  FROM ${groups} AS g WITH (ROWLOCK)
+  INNER JOIN @held AS h ON g.[Queue] = @queue AND g.[GroupKey] = h.[GroupKey]
+  INNER JOIN @members AS f ON f.[GroupKey] = h.[GroupKey] AND f.[Seq] = 1
+  WHERE f.[Id] < h.[HeadId] AND EXISTS (SELECT 1 FROM @claimed AS c WHERE c.[Id] = f.[Id]);
   UPDATE g
   SET [HeldToken] = NULL, [HeadId] = n.[Id], [HeadPriority] = n.[Priority],
       [HeadReadyAt] = CASE WHEN n.[RunAt] > DATEADD(millisecond, ${STALE_HEAD_PAUSE_MS}, SYSUTCDATETIME()) THEN n.[RunAt]
