@@ -51,12 +51,16 @@ class BatchStore extends MemoryStore {
   }
 }
 
-function run(store: BatchStore, handler: (id: string, clock: FakeClock) => Promise<void>, maxReaders = 4) {
+function run(
+  store: BatchStore,
+  handler: (id: string, clock: FakeClock) => Promise<void>,
+  options: { maxDurationMs?: number } = {},
+) {
   const clock = new FakeClock();
   const spans: { id: string; start: number; end: number }[] = [];
   const consumer = new QueueConsumer(
     engineDeps(store, clock),
-    queueOptions({ maxReaders, groupBatchSize: 3 }),
+    queueOptions({ maxReaders: 4, groupBatchSize: 3, ...options }),
     async (_payload, context) => {
       const start = clock.now();
       await handler(context.jobId, clock);
@@ -112,5 +116,18 @@ describe('a group batch', () => {
     expect(store.completed).toEqual(['1']);
     expect(store.released.sort()).toEqual(['2', '3']);
     expect(started.spans.map((s) => s.id)).toEqual(['1']);
+  });
+
+  it('gives the rest back once half of maxDurationMs has passed since the claim, which heartbeats cannot extend', async () => {
+    const store = new BatchStore(['1', '2', '3']);
+    const started = run(store, (_id, clock) => clock.sleep(40_000), { maxDurationMs: 60_000 });
+    const { clock } = started;
+    started.consumer.start();
+    await clock.advance(90_000);
+    // Job 1 took 40 s, past half of the 60 s cap: jobs 2 and 3 go back rather than start with
+    // 20 s of lease left.
+    expect(store.completed).toEqual(['1']);
+    expect(store.released.sort()).toEqual(['2', '3']);
+    await stopOnFakeClock(started.consumer, clock);
   });
 });

@@ -60,7 +60,8 @@ export interface QueueOptions {
   /**
    * Jobs of one ordered group leased together by one claim and run in order by one reader
    * (default 1). Larger batches save round trips for deep groups; a job not due yet ends a
-   * batch, a failure gives the rest back, and `maxDurationMs` counts from the batch's claim.
+   * batch, a failure gives the rest back, and `maxDurationMs` counts from the batch's claim (past
+   * half of it, the rest of the batch is given back).
    */
   groupBatchSize?: number;
 }

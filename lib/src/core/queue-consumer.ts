@@ -199,7 +199,12 @@ export class QueueConsumer {
       // A handler that blocked the event loop past the lease may return before any heartbeat
       // tick could notice: the batch's token may be void and its group taken by another reader.
       if (outcome === 'completed' && this.deps.clock.now() >= rest[0]!.localLeaseUntil) outcome = 'ended';
-      if (outcome === 'completed' && !this.stopping) continue;
+      // Heartbeats cannot extend a lease past claim + maxDurationMs, which counts from the
+      // batch's claim: past half of it, the rest goes back for a fresh claim, as a prefetched
+      // job that waited that long does (releaseStaleBuffer).
+      const maxDuration = this.options.maxDurationMs;
+      const waitedTooLong = maxDuration !== null && this.deps.clock.now() - held.claimedAtLocal >= maxDuration / 2;
+      if (outcome === 'completed' && !this.stopping && !waitedTooLong) continue;
       if (outcome === 'ended') for (const follower of rest) this.forget(follower);
       else this.acker.release(rest);
       return;
