@@ -10,18 +10,13 @@
  * `events` is set); the parent sends 'stop', 'release' (to a 'gated' handler), or kills it.
  */
 import 'reflect-metadata';
-import { Injectable, Logger, Module, type LoggerService } from '@nestjs/common';
+import { Injectable, Logger, Module } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { ScheduleModule } from '@nestjs/schedule';
 import pg from 'pg';
-import {
-  QueueHandler,
-  SqlQueueModule,
-  type JobContext,
-  type QueueEventListener,
-  type QueueJobHandler,
-} from '../../lib/src/index.js';
-import type { ReleaseMessage, WorkerConfig } from './nest-worker.js';
+import { QueueHandler, SqlQueueModule, type JobContext, type QueueJobHandler } from '../../lib/src/index.js';
+import type { WorkerConfig } from './nest-worker.js';
+import { LineLogger, releaseGate, send, workerModuleOptions, workerQueueOptions } from './worker-ipc.js';
 
 export interface GroupWorkerConfig extends WorkerConfig {
   groupBatchSize?: number;
@@ -39,38 +34,10 @@ export interface GroupWorkerConfig extends WorkerConfig {
 
 const config = JSON.parse(process.argv[2] ?? '{}') as GroupWorkerConfig;
 
-function send(message: Record<string, unknown>): void {
-  if (process.connected) process.send?.({ pid: process.pid, ...message });
-}
-
-class LineLogger implements LoggerService {
-  private write(level: string, message: unknown): void {
-    process.stderr.write(`${JSON.stringify({ pid: process.pid, level, message: String(message) })}\n`);
-  }
-  log(message: unknown) {
-    this.write('log', message);
-  }
-  warn(message: unknown) {
-    this.write('warn', message);
-  }
-  error(message: unknown) {
-    this.write('error', message);
-  }
-  debug() {}
-  verbose() {}
-}
-
 const spans = new pg.Pool({ connectionString: config.url, max: (config.maxReaders ?? 4) + 1 });
 spans.on('error', () => undefined);
 
-const releases = new Map<string, ReleaseMessage>();
-const releaseWaiters = new Map<string, (message: ReleaseMessage) => void>();
-
-function released(jobId: string): Promise<ReleaseMessage> {
-  const early = releases.get(jobId);
-  if (early) return Promise.resolve(early);
-  return new Promise((resolve) => releaseWaiters.set(jobId, resolve));
-}
+const released = releaseGate();
 
 /** A handler run, timed by this process's clock (ms since the epoch, sub-millisecond). */
 interface Span {
@@ -147,58 +114,18 @@ class GroupHandler implements QueueJobHandler {
   }
 }
 QueueHandler(config.queue, {
-  leaseMs: config.leaseMs ?? 5_000,
-  minReaders: config.minReaders ?? 1,
-  maxReaders: config.maxReaders ?? 4,
-  ...(config.minPollMs ? { minPollMs: config.minPollMs } : {}),
-  ...(config.maxPollMs ? { maxPollMs: config.maxPollMs } : {}),
+  ...workerQueueOptions(config, 1),
   ...(config.groupBatchSize ? { groupBatchSize: config.groupBatchSize } : {}),
   ...(config.groupOnDead ? { groupOnDead: config.groupOnDead } : {}),
-  backoff: { type: 'fixed', delayMs: 50 },
 })(GroupHandler);
 
-function forwardingListener(): QueueEventListener {
-  const forward =
-    (name: string) =>
-    (event: object): void =>
-      send({ type: 'event', name, ...event });
-  return {
-    completed: forward('completed'),
-    failed: forward('failed'),
-    lostOwnership: forward('lostOwnership'),
-    readersChanged: forward('readersChanged'),
-    abandoned: forward('abandoned'),
-  };
-}
-
 @Module({
-  imports: [
-    ScheduleModule.forRoot(),
-    SqlQueueModule.forRoot({
-      connection: { dialect: 'postgres', url: config.url, poolSize: 6 },
-      schema: config.schema,
-      reaper: { intervalMs: config.reaperIntervalMs ?? 500 },
-      consumer: {
-        shutdownTimeoutMs: config.shutdownTimeoutMs ?? 5_000,
-        ...(config.workerId ? { workerId: config.workerId } : {}),
-      },
-      ...(config.events ? { listeners: [forwardingListener()] } : {}),
-    }),
-  ],
+  imports: [ScheduleModule.forRoot(), SqlQueueModule.forRoot(workerModuleOptions({ ...config, dialect: 'postgres' }))],
   providers: [GroupHandler],
 })
 class GroupWorkerModule {}
 
 async function main(): Promise<void> {
-  // An orphan (the test runner died) must not keep polling the database forever.
-  process.on('disconnect', () => process.exit(1));
-  process.on('message', (message: { type?: string } | ReleaseMessage) => {
-    if (message?.type !== 'release') return;
-    const release = message as ReleaseMessage;
-    releases.set(release.jobId, release);
-    releaseWaiters.get(release.jobId)?.(release);
-    releaseWaiters.delete(release.jobId);
-  });
   const app = await NestFactory.createApplicationContext(GroupWorkerModule, { logger: new LineLogger() });
   send({ type: 'ready' });
   process.on('message', (message: { type?: string }) => {

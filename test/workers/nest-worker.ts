@@ -14,17 +14,12 @@
  * PostgreSQL or on SQL Server (`dialect`).
  */
 import 'reflect-metadata';
-import { Injectable, Logger, Module, type LoggerService } from '@nestjs/common';
+import { Injectable, Logger, Module } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { ScheduleModule } from '@nestjs/schedule';
-import {
-  QueueHandler,
-  SqlQueueModule,
-  type JobContext,
-  type QueueEventListener,
-  type QueueJobHandler,
-} from '../../lib/src/index.js';
+import { QueueHandler, SqlQueueModule, type JobContext, type QueueJobHandler } from '../../lib/src/index.js';
 import { openEffectsReceiver } from './effects-receiver.js';
+import { LineLogger, releaseGate, send, workerModuleOptions, workerQueueOptions } from './worker-ipc.js';
 
 /**
  * - 'normal': run, write the effect, return;
@@ -70,40 +65,9 @@ export interface ReleaseMessage {
 
 const config = JSON.parse(process.argv[2] ?? '{}') as WorkerConfig;
 
-function send(message: Record<string, unknown>): void {
-  // The channel is gone when the parent died; the 'disconnect' handler below ends us then.
-  if (process.connected) process.send?.({ pid: process.pid, ...message });
-}
-
-/** Logs as JSON lines on stderr, so a failing test can show what the worker saw. */
-class LineLogger implements LoggerService {
-  private write(level: string, message: unknown): void {
-    process.stderr.write(`${JSON.stringify({ pid: process.pid, level, message: String(message) })}\n`);
-  }
-  log(message: unknown) {
-    this.write('log', message);
-  }
-  warn(message: unknown) {
-    this.write('warn', message);
-  }
-  error(message: unknown) {
-    this.write('error', message);
-  }
-  debug() {}
-  verbose() {}
-}
-
 const effects = openEffectsReceiver(config.dialect ?? 'postgres', config.url, config.schema);
 
-/** Releases sent by the parent, possibly before the job's handler got there. */
-const releases = new Map<string, ReleaseMessage>();
-const releaseWaiters = new Map<string, (message: ReleaseMessage) => void>();
-
-function released(jobId: string): Promise<ReleaseMessage> {
-  const early = releases.get(jobId);
-  if (early) return Promise.resolve(early);
-  return new Promise((resolve) => releaseWaiters.set(jobId, resolve));
-}
+const released = releaseGate();
 
 const hangForever = () => new Promise<never>(() => undefined);
 
@@ -137,66 +101,18 @@ function handlerFor(queue: string) {
     }
   }
   Object.defineProperty(EffectHandler, 'name', { value: `EffectHandler_${queue}` });
-  QueueHandler(queue, {
-    leaseMs: config.leaseMs ?? 5_000,
-    minReaders: config.minReaders ?? 2,
-    maxReaders: config.maxReaders ?? 4,
-    ...(config.minPollMs ? { minPollMs: config.minPollMs } : {}),
-    ...(config.maxPollMs ? { maxPollMs: config.maxPollMs } : {}),
-    backoff: { type: 'fixed', delayMs: 50 },
-  })(EffectHandler);
+  QueueHandler(queue, workerQueueOptions(config, 2))(EffectHandler);
   Injectable()(EffectHandler);
   return EffectHandler;
 }
 
-/** Forwards every engine event to the parent, so drills can see refusals as they happen. */
-function forwardingListener(): QueueEventListener {
-  const forward =
-    (name: string) =>
-    (event: object): void =>
-      send({ type: 'event', name, ...event });
-  return {
-    claimed: forward('claimed'),
-    emptyClaim: forward('emptyClaim'),
-    completed: forward('completed'),
-    failed: forward('failed'),
-    lostOwnership: forward('lostOwnership'),
-    readersChanged: forward('readersChanged'),
-    abandoned: forward('abandoned'),
-  };
-}
-
 @Module({
-  imports: [
-    ScheduleModule.forRoot(),
-    SqlQueueModule.forRoot({
-      connection:
-        config.dialect === 'mssql'
-          ? { dialect: 'mssql', url: config.url, poolSize: 6 }
-          : { dialect: 'postgres', url: config.url, poolSize: 6 },
-      schema: config.schema,
-      reaper: { intervalMs: config.reaperIntervalMs ?? 500 },
-      consumer: {
-        shutdownTimeoutMs: config.shutdownTimeoutMs ?? 5_000,
-        ...(config.workerId ? { workerId: config.workerId } : {}),
-      },
-      ...(config.events ? { listeners: [forwardingListener()] } : {}),
-    }),
-  ],
+  imports: [ScheduleModule.forRoot(), SqlQueueModule.forRoot(workerModuleOptions(config))],
   providers: [config.queue, ...(config.extraQueues ?? [])].map(handlerFor),
 })
 class WorkerModule {}
 
 async function main(): Promise<void> {
-  // An orphan (the test runner died) must not keep polling the database forever.
-  process.on('disconnect', () => process.exit(1));
-  process.on('message', (message: { type?: string } | ReleaseMessage) => {
-    if (message?.type !== 'release') return;
-    const release = message as ReleaseMessage;
-    releases.set(release.jobId, release);
-    releaseWaiters.get(release.jobId)?.(release);
-    releaseWaiters.delete(release.jobId);
-  });
   const app = await NestFactory.createApplicationContext(WorkerModule, { logger: new LineLogger() });
   send({ type: 'ready' });
   process.on('message', (message: { type?: string }) => {

@@ -86,6 +86,41 @@ function plansOf(recordsets: sql.IRecordSet<Record<string, unknown>>[]): Stateme
   return plans;
 }
 
+/**
+ * Runs `work`, which must send one statement, then runs that statement again with the same
+ * parameters on `planPool` with actual showplans on, and returns its recordsets.
+ */
+async function replayWithShowplans(
+  capture: ReturnType<typeof statementRecorder>,
+  planPool: sql.ConnectionPool,
+  work: () => Promise<unknown>,
+): Promise<sql.IRecordSet<Record<string, unknown>>[]> {
+  const sent = await capture(work);
+  expect(sent, 'the store sends one statement for this call').toHaveLength(1);
+  // Per session: set again each time, in case the pool replaced its one connection.
+  await planPool.request().batch(STATISTICS_XML_ON);
+  const replay = planPool.request();
+  Object.assign(replay.parameters, sent[0]!.parameters);
+  const result = await replay.query(sent[0]!.text);
+  return result.recordsets as sql.IRecordSet<Record<string, unknown>>[];
+}
+
+/** What a plan test opened, closed (any may be missing when its setup failed), and its schema dropped. */
+async function closePlanTest(
+  opened: { planPool?: sql.ConnectionPool; store?: QueueStore; pool?: sql.ConnectionPool },
+  url: string,
+  schema: string,
+): Promise<void> {
+  await opened.planPool
+    ?.request()
+    .batch(STATISTICS_XML_OFF)
+    .catch(() => undefined);
+  await opened.planPool?.close();
+  await opened.store?.close();
+  await opened.pool?.close();
+  await dropMssqlSchema(url, schema);
+}
+
 describeEachMssqlDatabase('actual plans of the hot statements over 100,000 finished jobs', (db) => {
   const schema = uniqueSchema('plans');
   const jobsTable = `${quoteMssqlIdentifier(schema)}.[Jobs]`;
@@ -129,27 +164,11 @@ describeEachMssqlDatabase('actual plans of the hot statements over 100,000 finis
     planPool = await openMssqlPool(db.url, 1);
   }, SETUP_MS);
 
-  afterAll(async () => {
-    await planPool
-      ?.request()
-      .batch(STATISTICS_XML_OFF)
-      .catch(() => undefined);
-    await planPool?.close();
-    await store?.close();
-    await pool?.close();
-    await dropMssqlSchema(db.url, schema);
-  });
+  afterAll(() => closePlanTest({ planPool, store, pool }, db.url, schema));
 
   /** The actual plans of what the store sent during `work`, run again with the same parameters. */
   async function actualPlans(work: () => Promise<unknown>): Promise<StatementPlan[]> {
-    const sent = await capture(work);
-    expect(sent, 'the store sends one statement for this call').toHaveLength(1);
-    // Per session: set again each time, in case the pool replaced its one connection.
-    await planPool.request().batch(STATISTICS_XML_ON);
-    const replay = planPool.request();
-    Object.assign(replay.parameters, sent[0]!.parameters);
-    const result = await replay.query(sent[0]!.text);
-    return plansOf(result.recordsets as sql.IRecordSet<Record<string, unknown>>[]);
+    return plansOf(await replayWithShowplans(capture, planPool, work));
   }
 
   /**
@@ -288,26 +307,11 @@ describeEachMssqlDatabase('actual plans of the group statements over 10,000 fini
     planPool = await openMssqlPool(db.url, 1);
   }, SETUP_MS);
 
-  afterAll(async () => {
-    await planPool
-      ?.request()
-      .batch(STATISTICS_XML_OFF)
-      .catch(() => undefined);
-    await planPool?.close();
-    await store?.close();
-    await pool?.close();
-    await dropMssqlSchema(db.url, schema);
-  });
+  afterAll(() => closePlanTest({ planPool, store, pool }, db.url, schema));
 
   /** The actual plans of the one statement the store sent during `work`, run again with its parameters. */
   async function actualPlans(work: () => Promise<unknown>): Promise<StatementPlan[]> {
-    const sent = await capture(work);
-    expect(sent, 'the store sends one statement for this call').toHaveLength(1);
-    await planPool.request().batch(STATISTICS_XML_ON);
-    const replay = planPool.request();
-    Object.assign(replay.parameters, sent[0]!.parameters);
-    const result = await replay.query(sent[0]!.text);
-    return plansOf(result.recordsets as sql.IRecordSet<Record<string, unknown>>[]);
+    return plansOf(await replayWithShowplans(capture, planPool, work));
   }
 
   function seeksOn(plans: StatementPlan[], table: string, index: string): number {
@@ -439,16 +443,7 @@ describeEachMssqlDatabase('the claim reads due groups only, whatever the groups 
     planPool = await openMssqlPool(db.url, 1);
   }, SETUP_MS);
 
-  afterAll(async () => {
-    await planPool
-      ?.request()
-      .batch(STATISTICS_XML_OFF)
-      .catch(() => undefined);
-    await planPool?.close();
-    await store?.close();
-    await pool?.close();
-    await dropMssqlSchema(db.url, schema);
-  });
+  afterAll(() => closePlanTest({ planPool, store, pool }, db.url, schema));
 
   /** Rows each index of Groups was read for, over every seek or scan of the showplans in `recordsets`. */
   function groupRowsRead(recordsets: sql.IRecordSet<Record<string, unknown>>[]): Map<string, number> {
@@ -481,13 +476,7 @@ describeEachMssqlDatabase('the claim reads due groups only, whatever the groups 
 
   it('the claim and hasClaimableWork read a few rows of the group indexes, none of the 20,000 waiting groups of higher priority', async () => {
     for (const work of [() => claim(2), () => store.hasClaimableWork(queue)]) {
-      const sent = await capture(work);
-      expect(sent).toHaveLength(1);
-      await planPool.request().batch(STATISTICS_XML_ON);
-      const replay = planPool.request();
-      Object.assign(replay.parameters, sent[0]!.parameters);
-      const result = await replay.query(sent[0]!.text);
-      const read = groupRowsRead(result.recordsets as sql.IRecordSet<Record<string, unknown>>[]);
+      const read = groupRowsRead(await replayWithShowplans(capture, planPool, work));
       const text = JSON.stringify([...read]);
       expect([...read.keys()].sort(), text).toEqual(
         expect.arrayContaining(['IX_Groups_Claimable', 'IX_Groups_Waiting']),

@@ -437,6 +437,24 @@ function firstUnfinished(
      ORDER BY u.[Id])`;
 }
 
+/** The jobs a completion or release moved on (a table variable), for their groups. */
+function movedJobsTable(name: string): string {
+  return `DECLARE ${name} TABLE (
+  [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL, [Token] uniqueidentifier NOT NULL);
+`;
+}
+
+/** Settles the groups of the grouped jobs in `moved` (a movedJobsTable), none of which died. */
+function settleMovedGroups(moved: string, jobs: string, groups: string): string {
+  return `  IF EXISTS (SELECT 1 FROM ${moved} WHERE [GroupKey] IS NOT NULL)
+  BEGIN
+    INSERT INTO @touched ([Queue], [GroupKey], [Token])
+    SELECT DISTINCT [Queue], [GroupKey], [Token] FROM ${moved} WHERE [GroupKey] IS NOT NULL;
+${settleGroups(jobs, groups)}
+  END;`;
+}
+
 /**
  * The group side of complete, fail, release and reap, after their job changes and in their
  * transaction: @touched lists (queue, group, token) of the grouped jobs moved, and BlockId, the
@@ -888,22 +906,14 @@ FROM @items AS i LEFT JOIN @extended AS e ON e.[Id] = i.[Id];`,
     // reply was lost is recognised ('already') instead of reported as lost. A grouped job's group
     // is settled in the same transaction (settleGroups): released once no job of its batch is
     // leased any more, headed by its next job.
-    complete: `${MSSQL_STORE_SESSION}DECLARE @completed TABLE (
-  [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
-  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL, [Token] uniqueidentifier NOT NULL);
-${TOUCHED_GROUPS}${atomically(`  UPDATE j
+    complete: `${MSSQL_STORE_SESSION}${movedJobsTable('@completed')}${TOUCHED_GROUPS}${atomically(`  UPDATE j
   SET [State] = 'done', [FinishedAt] = SYSUTCDATETIME(), [LeaseUntil] = NULL
   OUTPUT inserted.[Id], inserted.[Queue], inserted.[GroupKey], inserted.[ClaimToken]
   INTO @completed ([Id], [Queue], [GroupKey], [Token])
   FROM ${jobs} AS j WITH (ROWLOCK)
   INNER JOIN @items AS i ON j.[Id] = i.[Id] AND j.[ClaimToken] = i.[Token]
   WHERE j.[State] = 'leased';
-  IF EXISTS (SELECT 1 FROM @completed WHERE [GroupKey] IS NOT NULL)
-  BEGIN
-    INSERT INTO @touched ([Queue], [GroupKey], [Token])
-    SELECT DISTINCT [Queue], [GroupKey], [Token] FROM @completed WHERE [GroupKey] IS NOT NULL;
-${settleGroups(jobs, groups)}
-  END;`)}
+${settleMovedGroups('@completed', jobs, groups)}`)}
 SELECT CAST(i.[Id] AS varchar(20)) AS [Id],
   CASE WHEN c.[Id] IS NOT NULL THEN 'ok'
        WHEN EXISTS (SELECT 1 FROM ${jobs} AS d WHERE d.[Id] = i.[Id] AND d.[ClaimToken] = i.[Token] AND d.[State] = 'done') THEN 'already'
@@ -961,10 +971,7 @@ FROM @items AS i LEFT JOIN @failed AS f ON f.[Id] = i.[Id];`,
     // @items OwnedJobList: leased but never started; the claim's attempt is given back. A
     // grouped job's group is settled as after a completion (released once no job of the batch
     // is leased, headed by its lowest unfinished job: the released one comes next).
-    release: `${MSSQL_STORE_SESSION}DECLARE @released TABLE (
-  [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
-  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL, [Token] uniqueidentifier NOT NULL);
-${TOUCHED_GROUPS}${atomically(`  UPDATE j
+    release: `${MSSQL_STORE_SESSION}${movedJobsTable('@released')}${TOUCHED_GROUPS}${atomically(`  UPDATE j
   SET [State] = 'ready', [Attempts] = CASE WHEN j.[Attempts] > 0 THEN j.[Attempts] - 1 ELSE 0 END, [ClaimToken] = NULL,
       [LeaseUntil] = NULL, [ClaimedAt] = NULL, [WorkerId] = NULL
   OUTPUT inserted.[Id], inserted.[Queue], inserted.[GroupKey], deleted.[ClaimToken]
@@ -972,12 +979,7 @@ ${TOUCHED_GROUPS}${atomically(`  UPDATE j
   FROM ${jobs} AS j WITH (ROWLOCK)
   INNER JOIN @items AS i ON j.[Id] = i.[Id] AND j.[ClaimToken] = i.[Token]
   WHERE j.[State] = 'leased';
-  IF EXISTS (SELECT 1 FROM @released WHERE [GroupKey] IS NOT NULL)
-  BEGIN
-    INSERT INTO @touched ([Queue], [GroupKey], [Token])
-    SELECT DISTINCT [Queue], [GroupKey], [Token] FROM @released WHERE [GroupKey] IS NOT NULL;
-${settleGroups(jobs, groups)}
-  END;`)}
+${settleMovedGroups('@released', jobs, groups)}`)}
 SELECT CAST(i.[Id] AS varchar(20)) AS [Id], CASE WHEN r.[Id] IS NOT NULL THEN 'ok' ELSE 'lost' END AS [Outcome]
 FROM @items AS i LEFT JOIN @released AS r ON r.[Id] = i.[Id];`,
 
