@@ -437,6 +437,20 @@ function firstUnfinished(
      ORDER BY u.[Id])`;
 }
 
+/** Each group's lowest job of `jobs` (a table variable with Queue, GroupKey, Id, RunAt, Priority) into @heads. */
+function lowestPerGroupInto(jobs: string, indent: string): string {
+  return [
+    'INSERT INTO @heads ([Queue], [GroupKey], [Id], [RunAt], [Priority])',
+    'SELECT f.[Queue], f.[GroupKey], f.[Id], f.[RunAt], f.[Priority]',
+    'FROM (SELECT n.[Queue], n.[GroupKey], n.[Id], n.[RunAt], n.[Priority],',
+    '             ROW_NUMBER() OVER (PARTITION BY n.[Queue], n.[GroupKey] ORDER BY n.[Id]) AS [Nth]',
+    `      FROM ${jobs} AS n WHERE n.[GroupKey] IS NOT NULL) AS f`,
+    'WHERE f.[Nth] = 1;',
+  ]
+    .map((line) => indent + line)
+    .join('\n');
+}
+
 /** The jobs a completion or release moved on (a table variable), for their groups. */
 function movedJobsTable(name: string): string {
   return `DECLARE ${name} TABLE (
@@ -542,12 +556,7 @@ ${takeKeyLock('        ', 'group')}
 `;
   // The inserted jobs (not the ones an idempotency key found): each group's lowest.
   const joinGroupsMany = `
-  INSERT INTO @heads ([Queue], [GroupKey], [Id], [RunAt], [Priority])
-  SELECT f.[Queue], f.[GroupKey], f.[Id], f.[RunAt], f.[Priority]
-  FROM (SELECT n.[Queue], n.[GroupKey], n.[Id], n.[RunAt], n.[Priority],
-               ROW_NUMBER() OVER (PARTITION BY n.[Queue], n.[GroupKey] ORDER BY n.[Id]) AS [Nth]
-        FROM @inserted AS n WHERE n.[GroupKey] IS NOT NULL) AS f
-  WHERE f.[Nth] = 1;
+${lowestPerGroupInto('@inserted', '  ')}
 ${activateGroups(schema, groups)}`;
   const enqueueOne = (
     grouped: boolean,
@@ -626,12 +635,7 @@ ORDER BY i.[Ord];`;
   // retried job; any other retried job joins its group as a new one would (activateGroups).
   const retryGroups = `  IF EXISTS (SELECT 1 FROM @retried WHERE [GroupKey] IS NOT NULL)
   BEGIN
-    INSERT INTO @heads ([Queue], [GroupKey], [Id], [RunAt], [Priority])
-    SELECT f.[Queue], f.[GroupKey], f.[Id], f.[RunAt], f.[Priority]
-    FROM (SELECT r.[Queue], r.[GroupKey], r.[Id], r.[RunAt], r.[Priority],
-                 ROW_NUMBER() OVER (PARTITION BY r.[Queue], r.[GroupKey] ORDER BY r.[Id]) AS [Nth]
-          FROM @retried AS r WHERE r.[GroupKey] IS NOT NULL) AS f
-    WHERE f.[Nth] = 1;
+${lowestPerGroupInto('@retried', '    ')}
     UPDATE g
     SET [Blocked] = 0, [HeadId] = h.[Id], [HeadReadyAt] = h.[RunAt], [HeadPriority] = h.[Priority],
         [Waiting] = ${waitingFor('h.[RunAt]')}, [UpdatedAt] = SYSUTCDATETIME()
