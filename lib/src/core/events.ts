@@ -29,7 +29,31 @@ export interface QueueEventListener {
    * fixed it. Normal operation never causes one: each is worth a look.
    */
   groupRepaired?(event: { queue: string; groupKey: string; problem: string }): void;
+  // Service Broker queues (SQL Server): `queue` is the broker queue's name (its `broker.queues` key).
+  /** A handler finished a message, which commits with its transaction. */
+  brokerHandled?(event: { queue: string; attempt: number; durationMs: number }): void;
+  /** A handler threw; the message returned to the queue (`dead`: it was moved to the dead table instead). */
+  brokerFailed?(event: { queue: string; attempt: number; dead: boolean; error: string }): void;
+  /** Messages moved to the dead table: after maxAttempts, after repeated crashes, or with their ended conversation. */
+  brokerDeadLettered?(event: { queue: string; reason: BrokerDeadReason; count: number }): void;
+  /** Readers of a broker queue in this process changed. */
+  brokerReadersChanged?(event: {
+    queue: string;
+    readers: number;
+    reason: 'start' | 'activation' | 'poll' | 'retire' | 'stop';
+  }): void;
+  /** An activation started a reader: a QUEUE_ACTIVATION notification, or the slow poll. */
+  brokerActivated?(event: { queue: string; source: 'notification' | 'poll' }): void;
+  /** The activation event notification of a queue was missing or broken; it was recreated (or could not be). */
+  brokerNotificationLost?(event: { queue: string; problem: string; recreated: boolean }): void;
 }
+
+/**
+ * Why a broker message is in the dead table: its handler failed maxAttempts times; its reader
+ * crashed (full rollbacks) too often to risk Service Broker's five-rollback disable; or it was
+ * still queued when its conversation was ended with an error, and is kept rather than dropped.
+ */
+export type BrokerDeadReason = 'max-attempts' | 'crashes' | 'conversation-ended';
 
 export function safeEmit<K extends keyof QueueEventListener>(
   listeners: readonly QueueEventListener[],
