@@ -44,7 +44,8 @@ const TRANSIENT_NUMBERS = new Set([
 
 const TRANSIENT_CODES = new Set(['ETIMEOUT', 'ESOCKET', 'ECONNCLOSED', 'ECONNRESET', 'ECONNREFUSED', 'ENOTOPEN']);
 
-function errorNumber(error: unknown): number | undefined {
+/** The SQL Server error number of a failed request (mssql wraps tedious's error), if any. */
+export function errorNumber(error: unknown): number | undefined {
   if (!error || typeof error !== 'object') return undefined;
   const candidate = error as { number?: unknown; originalError?: { number?: unknown; info?: { number?: unknown } } };
   const value = candidate.number ?? candidate.originalError?.info?.number ?? candidate.originalError?.number;

@@ -30,7 +30,7 @@ import type {
 } from '../../core/types.js';
 import { assertSchemaName, INT_MAX, settingsByQueue } from '../../core/validation.js';
 import { withTimeout } from '../../core/timeout.js';
-import { isLockConflict, isTransientMssqlError } from './mssql.errors.js';
+import { errorNumber, isLockConflict, isTransientMssqlError } from './mssql.errors.js';
 import { assertMssqlSchemaName } from './mssql.identifiers.js';
 import {
   MSSQL_LATEST_VERSION,
@@ -101,8 +101,12 @@ export class MssqlQueueStore implements QueueStore {
     this.sql = mssqlQueries(schema);
   }
 
-  /** Connects lazily and once; a pool the application connected itself is used as it is. */
-  private connected(): Promise<sql.ConnectionPool> {
+  /**
+   * The store's pool, connected (lazily and once; a pool the application connected itself is
+   * used as it is). The Service Broker transport shares it for its autocommit statements and
+   * sends, and derives its reader pool from the pool's config.
+   */
+  connected(): Promise<sql.ConnectionPool> {
     if (this.pool.connected) return Promise.resolve(this.pool);
     this.connecting ??= this.pool.connect().finally(() => {
       this.connecting = null;
@@ -606,7 +610,7 @@ function bindOne(job: NewJob): Bind {
 }
 
 /** The caller's transaction: an mssql Transaction on which begin() was awaited. */
-function asCallerTransaction(transaction: unknown): sql.Transaction {
+export function asCallerTransaction(transaction: unknown): sql.Transaction {
   if (transaction instanceof sql.Transaction) return transaction;
   const candidate = transaction as { begin?: unknown; commit?: unknown; rollback?: unknown; request?: unknown } | null;
   if (
@@ -620,12 +624,6 @@ function asCallerTransaction(transaction: unknown): sql.Transaction {
   throw new SqlQueueValidationError(
     'transaction must be an mssql Transaction on which begin() was awaited (new sql.Transaction(pool))',
   );
-}
-
-function errorNumber(error: unknown): number | undefined {
-  const candidate = error as { number?: unknown; originalError?: { info?: { number?: unknown } } } | null;
-  const value = candidate?.number ?? candidate?.originalError?.info?.number;
-  return typeof value === 'number' ? value : undefined;
 }
 
 /** COUNT_BIG and DATEDIFF_BIG come back as bigint, which the driver hands over as strings. */
