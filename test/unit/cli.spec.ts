@@ -61,7 +61,7 @@ describe('nestjs-sql-queue sql', () => {
 
   it('--from the latest version prints no migration but a valid, repeatable script', async () => {
     expect(PG_LATEST_VERSION).toBe(4);
-    expect(MSSQL_LATEST_VERSION).toBe(5);
+    expect(MSSQL_LATEST_VERSION).toBe(6);
     const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '4');
     expect(pg.code).toBe(0);
     expect(pg.stdout).toBe(pgInstallScript('demo', 4));
@@ -70,9 +70,9 @@ describe('nestjs-sql-queue sql', () => {
     expect(pg.stdout).toContain('BEGIN;');
     expect(pg.stdout).toContain('COMMIT;');
 
-    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '5');
+    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '6');
     expect(mssql.code).toBe(0);
-    expect(mssql.stdout).toBe(mssqlInstallScript('demo', 5));
+    expect(mssql.stdout).toBe(mssqlInstallScript('demo', 6));
     expect(mssql.stdout).not.toContain('INSERT INTO');
     expect(mssql.stdout).not.toContain('[Jobs]');
   });

@@ -289,6 +289,81 @@ WHERE h.[Nth] = 1;`,
       ];
     },
   },
+  {
+    version: 6,
+    description: 'service broker transport',
+    // Issue 12. The Service Broker queues themselves are created by the broker setup (from the
+    // module options), not here: these are the tables of our side of the transport.
+    // BrokerAttempts journals each handler run of a received message, committed on another
+    // connection before the handler runs, so a run that ends in a full rollback (a crash, a lost
+    // connection) is still counted: Attempts - 1 - Failures runs never recorded an outcome, and
+    // the reader stops below Service Broker's fifth consecutive rollback (which disables the
+    // queue). The row goes with the message (deleted in the reader's transaction).
+    // BrokerDead keeps dead messages, and the messages still queued on a conversation that was
+    // ended with an error (END CONVERSATION WITH ERROR drops them otherwise).
+    // BrokerDialogs holds the sender's long-lived dialog per group key, BrokerOutbox the sends
+    // that wait while a key's dialog is being closed.
+    batches: (schema) => {
+      const s = quoteMssqlIdentifier(schema);
+      return [
+        `CREATE TABLE ${s}.[BrokerAttempts] (
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [ConversationHandle] uniqueidentifier NOT NULL,
+  [MessageSequenceNumber] bigint NOT NULL,
+  [Attempts] int NOT NULL,
+  [Failures] int NOT NULL CONSTRAINT [DF_BrokerAttempts_Failures] DEFAULT (0),
+  [LastError] nvarchar(max) NULL,
+  [RetryAt] datetime2(3) NULL,
+  [FirstAttemptAt] datetime2(3) NOT NULL CONSTRAINT [DF_BrokerAttempts_FirstAttemptAt] DEFAULT (SYSUTCDATETIME()),
+  [LastAttemptAt] datetime2(3) NOT NULL CONSTRAINT [DF_BrokerAttempts_LastAttemptAt] DEFAULT (SYSUTCDATETIME()),
+  [WorkerId] nvarchar(200) NULL,
+  CONSTRAINT [PK_BrokerAttempts] PRIMARY KEY CLUSTERED ([ConversationHandle], [MessageSequenceNumber]),
+  CONSTRAINT [CK_BrokerAttempts_Counts] CHECK ([Attempts] >= 0 AND [Failures] >= 0)
+);`,
+        `CREATE TABLE ${s}.[BrokerDead] (
+  [Id] bigint IDENTITY(1, 1) NOT NULL,
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [ConversationHandle] uniqueidentifier NOT NULL,
+  [ConversationGroupId] uniqueidentifier NOT NULL,
+  [MessageSequenceNumber] bigint NOT NULL,
+  [MessageTypeName] nvarchar(256) NOT NULL,
+  [MessageBody] varbinary(max) NULL,
+  [Attempts] int NOT NULL,
+  [Crashes] int NOT NULL,
+  [LastError] nvarchar(max) NULL,
+  [Reason] varchar(32) NOT NULL,
+  [DeadAt] datetime2(3) NOT NULL CONSTRAINT [DF_BrokerDead_DeadAt] DEFAULT (SYSUTCDATETIME()),
+  CONSTRAINT [PK_BrokerDead] PRIMARY KEY CLUSTERED ([Id]),
+  CONSTRAINT [CK_BrokerDead_Reason] CHECK ([Reason] IN ('max-attempts', 'crashes', 'conversation-ended'))
+);`,
+        // listDead pages a queue's dead messages by Id.
+        `CREATE NONCLUSTERED INDEX [IX_BrokerDead_Queue] ON ${s}.[BrokerDead] ([Queue], [Id]);`,
+        `CREATE TABLE ${s}.[BrokerDialogs] (
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [DialogKey] nvarchar(300) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [ConversationHandle] uniqueidentifier NOT NULL,
+  [State] char(1) NOT NULL,
+  [Sent] bigint NOT NULL CONSTRAINT [DF_BrokerDialogs_Sent] DEFAULT (0),
+  [CreatedAt] datetime2(3) NOT NULL CONSTRAINT [DF_BrokerDialogs_CreatedAt] DEFAULT (SYSUTCDATETIME()),
+  CONSTRAINT [PK_BrokerDialogs] PRIMARY KEY CLUSTERED ([Queue], [DialogKey]),
+  CONSTRAINT [CK_BrokerDialogs_State] CHECK ([State] IN ('A', 'C'))
+);`,
+        // The initiator's reader finds a dialog by the handle of an EndDialog or Error it receives.
+        `CREATE UNIQUE NONCLUSTERED INDEX [UX_BrokerDialogs_Handle] ON ${s}.[BrokerDialogs] ([ConversationHandle]);`,
+        `CREATE TABLE ${s}.[BrokerOutbox] (
+  [Id] bigint IDENTITY(1, 1) NOT NULL,
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [DialogKey] nvarchar(300) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [MessageTypeName] nvarchar(256) NOT NULL,
+  [MessageBody] varbinary(max) NULL,
+  [CreatedAt] datetime2(3) NOT NULL CONSTRAINT [DF_BrokerOutbox_CreatedAt] DEFAULT (SYSUTCDATETIME()),
+  CONSTRAINT [PK_BrokerOutbox] PRIMARY KEY CLUSTERED ([Id])
+);`,
+        // A key's waiting sends, in send order, when its new dialog opens.
+        `CREATE NONCLUSTERED INDEX [IX_BrokerOutbox_Key] ON ${s}.[BrokerOutbox] ([Queue], [DialogKey], [Id]);`,
+      ];
+    },
+  },
 ];
 
 export const MSSQL_LATEST_VERSION = MSSQL_MIGRATIONS[MSSQL_MIGRATIONS.length - 1]!.version;
