@@ -196,3 +196,64 @@ export interface BrokerDeadMessagePage {
   /** Pass as `afterId` for the next page; null at the end. */
   nextAfterId: string | null;
 }
+
+/** Figures of one broker queue, read with bounded statements. */
+export interface BrokerQueueStats {
+  /** Messages in the Service Broker queue (from its internal table's row count, never a scan). */
+  messagesWaiting: number;
+  /** Messages in the dead table for this queue. */
+  dead: number;
+}
+
+/** A broker queue's state in this process, for health and metrics (no database round trip). */
+export interface BrokerQueueSnapshot {
+  queue: string;
+  consumed: boolean;
+  readers: number;
+  busyReaders: number;
+  minReaders: number;
+  maxReaders: number;
+  /** Engine clock (ms) of the last activation, or null. */
+  lastActivationAt: number | null;
+  /** A BROKER_QUEUE_DISABLED event arrived and no later check saw the queue enabled. */
+  disabledSeen: boolean;
+  /** The queue's event notification was found missing or broken and is not recreated yet. */
+  notificationProblem: string | null;
+}
+
+export interface BrokerSnapshot {
+  running: boolean;
+  /** The activation listener's last completed loop (engine clock ms), null before the first or when not running. */
+  listenerLastLoopAt: number | null;
+  queues: BrokerQueueSnapshot[];
+}
+
+/** The result of a broker health reading: healthy, or the problems that make it not. */
+export interface BrokerHealthReading {
+  healthy: boolean;
+  problems: string[];
+  details: Record<string, unknown>;
+}
+
+/** What the Nest layer uses of the Service Broker transport (implemented by broker.runtime.ts). */
+export interface BrokerRuntimeApi {
+  readonly options: ResolvedBrokerOptions;
+  queue(name: string): ResolvedBrokerQueue | undefined;
+  register(name: string, handler: BrokerHandler): void;
+  start(): Promise<void>;
+  stop(timeoutMs: number): Promise<void>;
+  close(): Promise<void>;
+  snapshot(): BrokerSnapshot;
+  send(
+    name: string,
+    body: unknown,
+    options?: { groupKey?: string; transaction?: unknown },
+  ): Promise<{ conversationHandle: string }>;
+  listDeadMessages(name: string, page?: { limit?: number; afterId?: string | null }): Promise<BrokerDeadMessagePage>;
+  retryDeadMessages(name: string, ids: readonly string[] | 'all'): Promise<string[]>;
+  purgeDeadMessages(name: string, options?: { olderThanMs?: number }): Promise<number>;
+  stats(name: string): Promise<BrokerQueueStats>;
+  /** Endpoints of this database's conversations by state (CONVERSING, DISCONNECTED_INBOUND, CLOSED, …). */
+  conversationEndpoints(): Promise<Record<string, number>>;
+  health(name: string): Promise<BrokerHealthReading>;
+}
