@@ -319,6 +319,8 @@ const RECEIVE_BODY =
   String.raw`(?:\*|${RECEIVE_COLUMN}(?:\s*,\s*${RECEIVE_COLUMN})*)` +
   String.raw`\s+FROM\s+${QUEUE_1_TO_3_PART}(?:\s+INTO\s+${VAR})?` +
   String.raw`(?:\s+WHERE\s+(?:conversation_handle|conversation_group_id)\s*=\s*${VAR})?`;
+const BROKER_QUEUE_EVENT = String.raw`(?:QUEUE_ACTIVATION|BROKER_QUEUE_DISABLED)`;
+const GRANTABLE = String.raw`(?:SELECT|INSERT|UPDATE|DELETE|RECEIVE|SEND|REFERENCES|ALTER|CONTROL|EXECUTE|VIEW\s+DEFINITION|VIEW\s+DATABASE\s+STATE)`;
 const GET_GROUP_2_PART = String.raw`GET\s+CONVERSATION\s+GROUP\s+${VAR}\s+FROM\s+${QUEUE_2_PART}`;
 
 const statement = (body: string): RegExp => new RegExp(String.raw`^${body}\s*;?$`, 'i');
@@ -411,6 +413,35 @@ export const KNOWN_GRAMMAR_GAPS: readonly KnownGrammarGap[] = [
     statement(String.raw`DECLARE\s+${VAR}\s+(?:AS\s+)?${IDENT}\s*\.\s*${IDENT}`),
     'DECLARE @ids dbo.JobIdList;',
     [['DECLARE']],
+  ),
+  // queue_id in CREATE/DROP EVENT NOTIFICATION is one part only, but ON QUEUE takes
+  // schema.queue (CREATE EVENT NOTIFICATION, Learn: "ON { SERVER | DATABASE | QUEUE queue_name }",
+  // QUEUE only with QUEUE_ACTIVATION or BROKER_QUEUE_DISABLED).
+  gap(
+    'event-notification-on-two-part-queue',
+    statement(
+      String.raw`(?:CREATE\s+EVENT\s+NOTIFICATION\s+${IDENT}\s+ON\s+QUEUE\s+${QUEUE_2_PART}\s+FOR\s+${BROKER_QUEUE_EVENT}(?:\s*,\s*${BROKER_QUEUE_EVENT})*` +
+        String.raw`\s+TO\s+SERVICE\s+${STRING_LITERAL}\s*,\s*${STRING_LITERAL}` +
+        String.raw`|DROP\s+EVENT\s+NOTIFICATION\s+${IDENT}(?:\s*,\s*${IDENT})*\s+ON\s+QUEUE\s+${QUEUE_2_PART})`,
+    ),
+    "CREATE EVENT NOTIFICATION en ON QUEUE dbo.q FOR QUEUE_ACTIVATION TO SERVICE 'notify', 'current database';",
+    [
+      ['CREATE', 'EVENT', 'NOTIFICATION'],
+      ['DROP', 'EVENT', 'NOTIFICATION'],
+    ],
+  ),
+  // The grammar's GRANT fails on every principal after TO and knows neither RECEIVE/SEND nor
+  // the SERVICE::/CONTRACT::/MESSAGE TYPE::/OBJECT:: classes (GRANT Service Broker Permissions,
+  // GRANT Object Permissions). Only the forms the broker grants script writes are covered.
+  gap(
+    'grant-permissions',
+    statement(
+      String.raw`GRANT\s+${GRANTABLE}(?:\s*,\s*${GRANTABLE})*` +
+        String.raw`(?:\s+ON\s+(?:(?:OBJECT|SCHEMA|SERVICE|CONTRACT|MESSAGE\s+TYPE)\s*::\s*)?${IDENT}(?:\s*\.\s*${IDENT})?)?` +
+        String.raw`\s+TO\s+${IDENT}`,
+    ),
+    'GRANT RECEIVE ON dbo.q TO [reader];',
+    [['GRANT']],
   ),
 ];
 

@@ -275,6 +275,26 @@ const GAP_CASES: Record<string, { valid: string[]; broken: string[] }> = {
     valid: ['DECLARE @ids AS [dbo].[JobIdList];'],
     broken: ['DECLARE @ids dbo.;', 'DECLARE @ids dbo.JobIdList(;'],
   },
+  'event-notification-on-two-part-queue': {
+    valid: [
+      "CREATE EVENT NOTIFICATION [sqlqueue_disabled] ON QUEUE [s].[q] FOR BROKER_QUEUE_DISABLED TO SERVICE N'a/b', N'current database';",
+      'DROP EVENT NOTIFICATION [sqlqueue_activation] ON QUEUE [s].[q];',
+    ],
+    broken: [
+      "CREATE EVENT NOTIFICATION en ON QUEUE dbo.q FOR ALTER_TABLE TO SERVICE 'notify', 'current database';",
+      "CREATE EVENT NOTIFICATION en ON QUEUE dbo.q FOR QUEUE_ACTIVATION TO SERVICE notify, 'current database';",
+      'DROP EVENT NOTIFICATION en ON QUEUE dbo.;',
+    ],
+  },
+  'grant-permissions': {
+    valid: [
+      'GRANT SEND ON SERVICE::[nestjs-sql-queue/s/q/target] TO [sender];',
+      'GRANT REFERENCES ON MESSAGE TYPE::[a/b] TO [sender];',
+      'GRANT SELECT, INSERT, UPDATE, DELETE ON [s].[BrokerDead] TO [admin];',
+      'GRANT VIEW DEFINITION TO [reader];',
+    ],
+    broken: ['GRANT RECEIVE ON dbo.q TO;', 'GRANT SEND ON SERVICE:[x] TO [p];', 'GRANT FLY ON dbo.q TO [p];'],
+  },
 };
 
 /**
