@@ -71,8 +71,8 @@ export class BrokerQueueReaders {
   private stopped: Promise<void> | null = null;
   private started = false;
   private lastActivationAt: number | null = null;
-  /** Aborts the error backoff pauses at shutdown. */
-  private readonly shutdownSignal = new AbortController();
+  /** Error backoff pauses in progress; shutdown aborts them. */
+  private readonly pauses = new Set<AbortController>();
   private readonly errors: ThrottledErrorLog;
 
   /**
@@ -152,7 +152,7 @@ export class BrokerQueueReaders {
           // after a pause, so a dead server is not hammered by every reader.
           const pause = backoff.next();
           this.errors.failed(error, pause);
-          await this.deps.clock.sleep(pause, this.shutdownSignal.signal);
+          await this.pause(pause);
           continue;
         }
         backoff.reset();
@@ -172,6 +172,16 @@ export class BrokerQueueReaders {
     }
   }
 
+  private async pause(ms: number): Promise<void> {
+    const pause = new AbortController();
+    this.pauses.add(pause);
+    try {
+      await this.deps.clock.sleep(ms, pause.signal);
+    } finally {
+      this.pauses.delete(pause);
+    }
+  }
+
   /**
    * No new readers; each reader cancels its idle WAITFOR (committing an empty transaction) or
    * lets its handler finish for up to `timeoutMs`, then aborts it. Resolves when every loop has
@@ -184,7 +194,7 @@ export class BrokerQueueReaders {
 
   private async shutDown(timeoutMs: number): Promise<void> {
     this.stopping = true;
-    this.shutdownSignal.abort();
+    for (const pause of this.pauses) pause.abort();
     const loops: Promise<unknown>[] = [];
     for (const { reader, done } of this.running) {
       loops.push(done);
