@@ -5,6 +5,7 @@ import {
   decodeBrokerBodyOrBytes,
   decodeBrokerText,
   encodeBrokerBody,
+  parseBrokerErrorBody,
 } from '../../lib/src/broker/broker.body.js';
 import { SqlQueueValidationError } from '../../lib/src/core/errors.js';
 
@@ -122,5 +123,26 @@ describe('decodeBrokerText and decodeBrokerBodyOrBytes', () => {
     const bad = Buffer.from('not json', 'utf8');
     expect(decodeBrokerBodyOrBytes('json', bad)).toEqual(bad);
     expect(decodeBrokerBodyOrBytes('json', Buffer.from('[1]', 'utf16le'))).toEqual([1]);
+  });
+});
+
+describe('parseBrokerErrorBody', () => {
+  it('reads Code and Description of a Service Broker Error message (UTF-16, with or without BOM)', () => {
+    const xml =
+      '<Error xmlns="http://schemas.microsoft.com/SQL/ServiceBroker/Error"><Code>-8489</Code><Description>The dialog has exceeded the specified LIFETIME.</Description></Error>';
+    expect(parseBrokerErrorBody(Buffer.from(xml, 'utf16le'))).toEqual({
+      code: -8489,
+      description: 'The dialog has exceeded the specified LIFETIME.',
+    });
+    const withBom = Buffer.concat([Buffer.from([0xff, 0xfe]), Buffer.from(xml, 'utf16le')]);
+    expect(parseBrokerErrorBody(withBom).code).toBe(-8489);
+  });
+
+  it('unescapes the description of an END CONVERSATION WITH ERROR and never throws', () => {
+    const xml = '<Error><Code>50001</Code><Description>handler failed: a &lt; b &amp;&#x41;</Description></Error>';
+    expect(parseBrokerErrorBody(Buffer.from(xml))).toEqual({ code: 50001, description: 'handler failed: a < b &A' });
+    expect(parseBrokerErrorBody(null)).toEqual({ code: null, description: '(no error body)' });
+    expect(parseBrokerErrorBody(Buffer.from('plain text'))).toEqual({ code: null, description: 'plain text' });
+    expect(parseBrokerErrorBody(Buffer.from([0xc3, 0x28])).code).toBeNull();
   });
 });

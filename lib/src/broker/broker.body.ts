@@ -154,3 +154,44 @@ function swapPairs(bytes: Buffer): Buffer {
   if (copy.length % 2 === 0) copy.swap16();
   return copy;
 }
+
+/** What an `Error` message from Service Broker or the other side says. */
+export interface BrokerErrorInfo {
+  /** Negative: a Service Broker error (-8489: the dialog exceeded its lifetime); positive: END CONVERSATION WITH ERROR = n. */
+  code: number | null;
+  description: string;
+}
+
+/**
+ * Reads the body of an `http://schemas.microsoft.com/SQL/ServiceBroker/Error` message:
+ * `<Error xmlns="http://schemas.microsoft.com/SQL/ServiceBroker/Error"><Code>…</Code>
+ * <Description>…</Description></Error>`. Never throws: a body it cannot read comes back as its
+ * text (or a note) with code null, since it is only logged.
+ */
+export function parseBrokerErrorBody(bytes: Buffer | Uint8Array | null | undefined): BrokerErrorInfo {
+  if (bytes == null || bytes.length === 0) return { code: null, description: '(no error body)' };
+  let text: string;
+  try {
+    text = decodeBrokerText(Buffer.isBuffer(bytes) ? bytes : Buffer.from(bytes));
+  } catch {
+    return { code: null, description: `(an error body of ${bytes.length} bytes that is not text)` };
+  }
+  const element = (name: string) =>
+    new RegExp(`<(?:\\w+:)?${name}(?:\\s[^>]*)?>([\\s\\S]*?)</(?:\\w+:)?${name}>`).exec(text)?.[1];
+  const code = element('Code');
+  const description = element('Description');
+  if (code === undefined && description === undefined) return { code: null, description: text };
+  const parsed = code === undefined ? NaN : Number.parseInt(code.trim(), 10);
+  return { code: Number.isNaN(parsed) ? null : parsed, description: unescapeXml(description ?? '').trim() };
+}
+
+function unescapeXml(text: string): string {
+  const named: Record<string, string> = { lt: '<', gt: '>', amp: '&', quot: '"', apos: "'" };
+  return text.replace(/&(#x[0-9a-fA-F]+|#\d+|lt|gt|amp|quot|apos);/g, (_, entity: string) =>
+    entity.startsWith('#x')
+      ? String.fromCodePoint(Number.parseInt(entity.slice(2), 16))
+      : entity.startsWith('#')
+        ? String.fromCodePoint(Number.parseInt(entity.slice(1), 10))
+        : named[entity]!,
+  );
+}

@@ -232,22 +232,28 @@ const UNSTORABLE_CHAR = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\
 
 function optionalKey(name: string, value: unknown, queue: string, at: string): string | null {
   if (value === undefined || value === null) return null;
+  return assertKeyText(`enqueue to '${queue}'${at}`, name, value);
+}
+
+/**
+ * A group or idempotency key: 1 to 255 characters, storable as text in both dialects, no
+ * trailing whitespace. `where` starts the message (`enqueue to 'orders'`), `name` names the option.
+ */
+export function assertKeyText(where: string, name: string, value: unknown): string {
   if (typeof value !== 'string' || value.length === 0 || value.length > KEY_MAX_LENGTH) {
     throw new SqlQueueValidationError(
-      `enqueue to '${queue}'${at}: ${name} must be a non-empty string of at most ${KEY_MAX_LENGTH} characters, got ${describe(value)}`,
+      `${where}: ${name} must be a non-empty string of at most ${KEY_MAX_LENGTH} characters, got ${describe(value)}`,
     );
   }
   if (UNSTORABLE_CHAR.test(value)) {
     throw new SqlQueueValidationError(
-      `enqueue to '${queue}'${at}: ${name} contains U+0000 or an unpaired surrogate, which cannot be stored as text`,
+      `${where}: ${name} contains U+0000 or an unpaired surrogate, which cannot be stored as text`,
     );
   }
   // SQL Server ignores trailing spaces when comparing strings: 'k' and 'k ' would be one key
   // there and two in PostgreSQL. Refusing them keeps both dialects identical.
   if (/\s$/.test(value)) {
-    throw new SqlQueueValidationError(
-      `enqueue to '${queue}'${at}: ${name} must not end with whitespace, got ${describe(value)}`,
-    );
+    throw new SqlQueueValidationError(`${where}: ${name} must not end with whitespace, got ${describe(value)}`);
   }
   return value;
 }
