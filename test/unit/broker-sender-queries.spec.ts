@@ -37,6 +37,7 @@ function everySenderBatch(schema: string, queue: ResolvedBrokerQueue): [string, 
     ['enqueueOutbox', senderQueries.enqueueOutbox(schema)],
     ['forgetDialog', senderQueries.forgetDialog(schema)],
     ['receiveInitiator', senderQueries.receiveInitiator(queue, 10, 5000)],
+    ['giveBackInitiatorMessages', senderQueries.giveBackInitiatorMessages()],
     ['settleEndedDialog', senderQueries.settleEndedDialog(schema, queue)],
   ];
 }

@@ -181,18 +181,31 @@ SELECT XACT_STATE() AS [XactState];`;
 
 // ---- The initiator queue's reader
 
+/** Savepoint before the initiator's RECEIVE: rolling back to it returns the messages, and a commit then counts no rollback. */
+export const INITIATOR_SAVEPOINT = 'sq_initiator';
+
 /**
- * Waits up to `timeoutMs` for the next EndDialog/Error messages on the initiator queue (all of one
- * conversation group: on our side each dialog is its own group). TOP and TIMEOUT are validated
- * integers written as literals (RECEIVE documents TIMEOUT as a number of milliseconds).
+ * Sets the savepoint, then waits up to `timeoutMs` for the next EndDialog/Error messages on the
+ * initiator queue (all of one conversation group: on our side each dialog is its own group). TOP
+ * and TIMEOUT are validated integers written as literals (RECEIVE documents TIMEOUT as a number of
+ * milliseconds; a literal needs no check that a variable is accepted there).
  */
 export function receiveInitiator(queue: ResolvedBrokerQueue, top: number, timeoutMs: number): string {
   assertInteger('initiator receive TOP', top, 1, 1000);
   assertInteger('initiator receive timeout', timeoutMs, 0, 2_147_483_647);
-  return `WAITFOR (
+  return `SAVE TRANSACTION ${INITIATOR_SAVEPOINT};
+WAITFOR (
   RECEIVE TOP (${top}) conversation_handle, message_type_name, message_body
   FROM ${quoteBrokerObject(queue.initiatorQueue)}
 ), TIMEOUT ${timeoutMs};`;
+}
+
+/**
+ * Returns what the transaction received to the initiator queue, after our own statement failed;
+ * the transaction then commits (a full rollback would count toward the queue's poison limit).
+ */
+export function giveBackInitiatorMessages(): string {
+  return `ROLLBACK TRANSACTION ${INITIATOR_SAVEPOINT};`;
 }
 
 /**
