@@ -1,12 +1,14 @@
 #!/usr/bin/env node
-import { realpathSync } from 'node:fs';
+import { readFileSync, realpathSync } from 'node:fs';
 import { pathToFileURL } from 'node:url';
 import { SqlQueueConfigError } from './core/errors.js';
 import { assertSchemaName } from './core/validation.js';
 
 /**
  * `npx nestjs-sql-queue sql --dialect mssql|postgres [--schema sqlqueue] [--from N]` prints the
- * install/upgrade script for a DBA to review and run by hand.
+ * install/upgrade script for a DBA to review and run by hand; with `--broker` or
+ * `--broker-config` (SQL Server only) the Service Broker setup follows, and the least-privilege
+ * grants with `--grants-for-*`.
  *
  * The argument handling is `runCli`, which writes only through `out` and returns the exit code,
  * so tests drive it directly. A dialect's script module is loaded only once that dialect is
@@ -27,10 +29,14 @@ export interface CliOutput {
 }
 
 export const USAGE = `Usage: ${BIN} sql --dialect <mssql|postgres> [--schema <name>] [--from <version>]
+       ${BIN} sql --dialect mssql [--schema <name>] [--broker <name>]... [--broker-config <file.json>]
+           [--broker-only] [--grants-for-readers <principal>] [--grants-for-senders <principal>]
+           [--grants-for-admin <principal>]
 
 Prints the SQL script that installs the nestjs-sql-queue schema, or upgrades it from a given
 version, so that a DBA can review it and run it (for example with migrations: 'check' in the
-application, whose login then needs no DDL rights).
+application, whose login then needs no DDL rights). On SQL Server it can add the Service Broker
+objects of broker queues (broker.setup: 'off' or 'print' in the application) and their grants.
 
 Commands:
   sql                 print the install/upgrade script to stdout
@@ -42,17 +48,49 @@ Options:
                       printed (default: 0, a fresh install)
   -h, --help          show this help
 
+Service Broker (--dialect mssql only):
+  --broker <name>     a broker queue with default object names; repeat for more
+  --broker-config <file.json>
+                      the application's broker option as JSON ({ "queues": { … }, … }), for
+                      queues with names of their own; --broker adds queues to it
+  --broker-only       print only the Service Broker setup, not the table-queue schema
+  --grants-for-readers <principal>, --grants-for-senders <principal>,
+  --grants-for-admin <principal>
+                      also print least-privilege GRANTs for these database principals
+
 Examples:
   ${BIN} sql --dialect postgres --schema ${DEFAULT_SCHEMA} | psql -v ON_ERROR_STOP=1 -d mydb
   ${BIN} sql --dialect mssql --schema ${DEFAULT_SCHEMA} > install.sql
   sqlcmd -S myserver -d mydb -I -b -i install.sql
+  ${BIN} sql --dialect mssql --broker-only --broker orders --grants-for-readers app_worker > broker.sql
 `;
 
 interface SqlCommand {
   dialect: CliDialect;
   schema: string;
   from: number;
+  broker: BrokerCommand | null;
 }
+
+interface BrokerCommand {
+  /** The broker option: from --broker-config, with --broker queues added. */
+  options: unknown;
+  only: boolean;
+  grants: { readers?: string; senders?: string; admin?: string };
+}
+
+/** Options that take a value; --broker may repeat. */
+const VALUE_OPTIONS = [
+  'dialect',
+  'schema',
+  'from',
+  'broker',
+  'broker-config',
+  'grants-for-readers',
+  'grants-for-senders',
+  'grants-for-admin',
+];
+const FLAG_OPTIONS = ['broker-only'];
 
 class CliUsageError extends Error {}
 
@@ -62,16 +100,17 @@ export async function runCli(argv: readonly string[], out: CliOutput): Promise<n
     out.stdout(USAGE);
     return 0;
   }
-  let command: SqlCommand;
-  let script: DialectScripts;
+  let text: string;
   try {
-    command = parseArguments(argv);
-    script = await loadScripts(command.dialect);
+    const command = parseArguments(argv);
+    const script = await loadScripts(command.dialect);
     if (command.from > script.latest) {
       throw new CliUsageError(
         `--from ${command.from} is beyond the latest ${command.dialect} schema version this package knows (${script.latest})`,
       );
     }
+    text = command.broker?.only ? '' : script.install(command.schema, command.from);
+    if (command.broker) text += await brokerScripts(command.schema, command.broker);
   } catch (error) {
     if (error instanceof CliUsageError || error instanceof SqlQueueConfigError) {
       out.stderr(`${BIN}: ${error.message}\nRun '${BIN} --help' for usage.\n`);
@@ -79,8 +118,19 @@ export async function runCli(argv: readonly string[], out: CliOutput): Promise<n
     }
     throw error;
   }
-  out.stdout(script.install(command.schema, command.from));
+  // One write once everything is known: a bad broker option prints no half script.
+  out.stdout(text);
   return 0;
+}
+
+/** Loaded only for Service Broker, which is SQL Server only. */
+async function brokerScripts(schema: string, command: BrokerCommand): Promise<string> {
+  const { resolveBrokerOptions } = await import('./broker/broker.options.js');
+  const { brokerGrantsScript, brokerSetupScript } = await import('./broker/broker.setup.js');
+  const options = resolveBrokerOptions(command.options as Parameters<typeof resolveBrokerOptions>[0], schema, []);
+  if (!options) throw new CliUsageError('no broker queue given (use --broker <name> or --broker-config <file.json>)');
+  const grants = Object.values(command.grants).some((p) => p !== undefined);
+  return brokerSetupScript(options) + (grants ? brokerGrantsScript(options, command.grants) : '');
 }
 
 function parseArguments(argv: readonly string[]): SqlCommand {
@@ -89,18 +139,26 @@ function parseArguments(argv: readonly string[]): SqlCommand {
   if (command !== 'sql') throw new CliUsageError(`unknown command '${command}' (the only command is: sql)`);
 
   const options = new Map<string, string>();
+  const brokers: string[] = [];
+  const flags = new Set<string>();
   for (let i = 0; i < rest.length; i++) {
     const arg = rest[i]!;
     if (!arg.startsWith('--')) throw new CliUsageError(`unexpected argument '${arg}'`);
     const eq = arg.indexOf('=');
     const name = eq === -1 ? arg.slice(2) : arg.slice(2, eq);
-    if (!['dialect', 'schema', 'from'].includes(name)) throw new CliUsageError(`unknown option '--${name}'`);
-    if (options.has(name)) throw new CliUsageError(`option --${name} is given more than once`);
+    if (FLAG_OPTIONS.includes(name)) {
+      if (eq !== -1) throw new CliUsageError(`option --${name} takes no value`);
+      flags.add(name);
+      continue;
+    }
+    if (!VALUE_OPTIONS.includes(name)) throw new CliUsageError(`unknown option '--${name}'`);
+    if (name !== 'broker' && options.has(name)) throw new CliUsageError(`option --${name} is given more than once`);
     let value: string | undefined;
     if (eq !== -1) value = arg.slice(eq + 1);
     else if (i + 1 < rest.length && !rest[i + 1]!.startsWith('--')) value = rest[++i];
     if (value === undefined || value === '') throw new CliUsageError(`option --${name} needs a value`);
-    options.set(name, value);
+    if (name === 'broker') brokers.push(value);
+    else options.set(name, value);
   }
 
   const dialect = options.get('dialect');
@@ -113,7 +171,72 @@ function parseArguments(argv: readonly string[]): SqlCommand {
   if (!/^\d+$/.test(fromText) || !Number.isSafeInteger(Number(fromText))) {
     throw new CliUsageError(`--from must be a schema version, a whole number from 0 up, got '${fromText}'`);
   }
-  return { dialect, schema, from: Number(fromText) };
+  return { dialect, schema, from: Number(fromText), broker: parseBroker(dialect, options, brokers, flags) };
+}
+
+function parseBroker(
+  dialect: CliDialect,
+  options: ReadonlyMap<string, string>,
+  brokers: readonly string[],
+  flags: ReadonlySet<string>,
+): BrokerCommand | null {
+  const given = [
+    ...(brokers.length > 0 ? ['--broker'] : []),
+    ...['broker-config', 'grants-for-readers', 'grants-for-senders', 'grants-for-admin']
+      .filter((name) => options.has(name))
+      .map((name) => `--${name}`),
+    ...[...flags].map((name) => `--${name}`),
+  ];
+  if (given.length === 0) return null;
+  if (dialect !== 'mssql') {
+    throw new CliUsageError(`${given[0]} needs --dialect mssql (Service Broker is a SQL Server feature)`);
+  }
+  const file = options.get('broker-config');
+  if (file === undefined && brokers.length === 0) {
+    throw new CliUsageError(`${given[0]} needs the broker queues: --broker <name> or --broker-config <file.json>`);
+  }
+  if (flags.has('broker-only') && options.has('from')) {
+    throw new CliUsageError('--from has no effect with --broker-only (the Service Broker setup has no versions)');
+  }
+  const config = file === undefined ? { queues: {} } : readBrokerConfig(file);
+  const queues = (config as { queues?: unknown }).queues ?? {};
+  if (typeof queues !== 'object' || queues === null || Array.isArray(queues)) {
+    throw new CliUsageError(`--broker-config '${file}': "queues" must be an object of broker queues by name`);
+  }
+  for (const name of brokers) {
+    if (Object.hasOwn(queues, name)) throw new CliUsageError(`broker queue '${name}' is given twice`);
+    (queues as Record<string, unknown>)[name] = {};
+  }
+  return {
+    options: { ...config, queues },
+    only: flags.has('broker-only'),
+    grants: {
+      readers: options.get('grants-for-readers'),
+      senders: options.get('grants-for-senders'),
+      admin: options.get('grants-for-admin'),
+    },
+  };
+}
+
+function readBrokerConfig(file: string): object {
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8');
+  } catch (error) {
+    throw new CliUsageError(`cannot read --broker-config '${file}': ${(error as Error).message}`);
+  }
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (error) {
+    throw new CliUsageError(`--broker-config '${file}' is not valid JSON: ${(error as Error).message}`);
+  }
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+    throw new CliUsageError(
+      `--broker-config '${file}' must hold the broker option as a JSON object ({ "queues": { … } })`,
+    );
+  }
+  return value;
 }
 
 function isDialect(value: string): value is CliDialect {

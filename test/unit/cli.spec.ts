@@ -1,4 +1,10 @@
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
+import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
+import { brokerGrantsScript, brokerSetupScript } from '../../lib/src/broker/broker.setup.js';
+import type { BrokerOptions } from '../../lib/src/broker/broker.types.js';
 import { runCli, USAGE } from '../../lib/src/cli.js';
 import { MSSQL_LATEST_VERSION, mssqlInstallScript } from '../../lib/src/store/mssql/mssql.migrations.js';
 import { PG_LATEST_VERSION, pgInstallScript } from '../../lib/src/store/postgres/postgres.migrations.js';
@@ -180,5 +186,128 @@ describe('nestjs-sql-queue: bad command lines', () => {
     await expectUsageError(['sql', '--dialect', 'postgres', '--dialect', 'mssql'], /--dialect is given more than once/);
     await expectUsageError(['sql', '--dialect', 'postgres', 'extra'], /unexpected argument 'extra'/);
     await expectUsageError(['sql', '-d', 'postgres'], /unexpected argument '-d'/);
+  });
+});
+
+describe('nestjs-sql-queue sql: Service Broker', () => {
+  const broker = (raw: BrokerOptions, schema = 'sqlqueue') => resolveBrokerOptions(raw, schema, [])!;
+  const configFile = (content: string) => {
+    const file = join(mkdtempSync(join(tmpdir(), 'sqlqueue-cli-')), 'broker.json');
+    writeFileSync(file, content);
+    return file;
+  };
+
+  it('prints the Service Broker setup after the table-queue script', async () => {
+    const { code, stdout, stderr } = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--broker', 'orders');
+    expect({ code, stderr }).toEqual({ code: 0, stderr: '' });
+    expect(stdout).toBe(mssqlInstallScript('demo', 0) + brokerSetupScript(broker({ queues: { orders: {} } }, 'demo')));
+    expect(stdout).toContain('CREATE QUEUE [demo].[orders_TargetQueue]');
+  });
+
+  it('--broker-only prints the setup alone, for every --broker, then the grants asked for', async () => {
+    const options = broker({ queues: { orders: {}, mail: {} } });
+    const only = await cli('sql', '--dialect=mssql', '--broker-only', '--broker', 'orders', '--broker=mail');
+    expect(only).toEqual({ code: 0, stdout: brokerSetupScript(options), stderr: '' });
+    const grants = { readers: 'app_worker', senders: 'DOMAIN\\web app' };
+    const withGrants = await cli(
+      'sql',
+      '--dialect',
+      'mssql',
+      '--broker-only',
+      '--broker',
+      'orders',
+      '--broker',
+      'mail',
+      '--grants-for-readers',
+      grants.readers,
+      '--grants-for-senders',
+      grants.senders,
+    );
+    expect(withGrants.stdout).toBe(brokerSetupScript(options) + brokerGrantsScript(options, grants));
+    expect(withGrants.stdout).toContain('GRANT RECEIVE ON [sqlqueue].[orders_TargetQueue] TO [app_worker];');
+    expect(withGrants.stdout).not.toContain('GRANT ALTER');
+  });
+
+  it('--broker-config reads the broker option as JSON; --broker adds queues to it', async () => {
+    const raw = { queues: { work: { queue: 'ops.Work', service: '//example.com/work', format: 'xml' } } };
+    const file = configFile(JSON.stringify(raw));
+    const { code, stdout } = await cli(
+      'sql',
+      '--dialect',
+      'mssql',
+      '--broker-only',
+      '--broker-config',
+      file,
+      '--broker',
+      'mail',
+    );
+    expect(code).toBe(0);
+    expect(stdout).toBe(brokerSetupScript(broker({ queues: { ...raw.queues, mail: {} } } as BrokerOptions)));
+    expect(stdout).toContain('CREATE SERVICE [//example.com/work] ON QUEUE [ops].[Work]');
+    expect(stdout).toContain('VALIDATION = WELL_FORMED_XML;');
+  });
+
+  it('refuses broker options on PostgreSQL, without queues, or malformed', async () => {
+    await expectUsageError(
+      ['sql', '--dialect', 'postgres', '--broker', 'orders'],
+      '--broker needs --dialect mssql (Service Broker is a SQL Server feature)',
+    );
+    await expectUsageError(['sql', '--dialect', 'postgres', '--broker-only'], /--broker-only needs --dialect mssql/);
+    await expectUsageError(
+      ['sql', '--dialect', 'mssql', '--broker-only'],
+      '--broker-only needs the broker queues: --broker <name> or --broker-config <file.json>',
+    );
+    await expectUsageError(
+      ['sql', '--dialect', 'mssql', '--grants-for-readers', 'x'],
+      /--grants-for-readers needs the broker queues/,
+    );
+    await expectUsageError(
+      ['sql', '--dialect', 'mssql', '--broker-only=yes', '--broker', 'a'],
+      'option --broker-only takes no value',
+    );
+    await expectUsageError(['sql', '--dialect', 'mssql', '--broker'], 'option --broker needs a value');
+    await expectUsageError(
+      ['sql', '--dialect', 'mssql', '--broker', 'a', '--broker', 'a'],
+      "broker queue 'a' is given twice",
+    );
+    await expectUsageError(
+      ['sql', '--dialect', 'mssql', '--broker-only', '--from', '2', '--broker', 'a'],
+      '--from has no effect with --broker-only',
+    );
+    await expectUsageError(['sql', '--dialect', 'mssql', '--broker', 'a b'], /queue name 'a b' is invalid/);
+    await expectUsageError(
+      ['sql', '--dialect', 'mssql', '--broker', 'a', '--grants-for-admin', 'x]y'],
+      "the database principal for admin 'x]y' is invalid",
+    );
+    await expectUsageError(
+      ['sql', '--dialect', 'mssql', '--broker-config', configFile('{"queues": {"a": {"maxReader": 2}}}')],
+      "broker.queues['a']: unknown option 'maxReader' (did you mean 'maxReaders'?)",
+    );
+    await expectUsageError(['sql', '--dialect', 'mssql', '--broker-config', configFile('{oops')], /is not valid JSON/);
+    await expectUsageError(
+      ['sql', '--dialect', 'mssql', '--broker-config', configFile('[1]')],
+      /must hold the broker option as a JSON object/,
+    );
+    await expectUsageError(
+      ['sql', '--dialect', 'mssql', '--broker-config', configFile('{"queues": []}')],
+      /"queues" must be an object of broker queues by name/,
+    );
+    await expectUsageError(
+      ['sql', '--dialect', 'mssql', '--broker-config', '/nonexistent/broker.json'],
+      /cannot read --broker-config/,
+    );
+  });
+
+  it('documents the broker options in the usage', () => {
+    for (const option of [
+      '--broker <name>',
+      '--broker-config <file.json>',
+      '--broker-only',
+      '--grants-for-readers',
+      '--grants-for-senders',
+      '--grants-for-admin',
+    ]) {
+      expect(USAGE).toContain(option);
+    }
   });
 });
