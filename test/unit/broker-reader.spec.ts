@@ -1,5 +1,6 @@
 import { describe, expect, it, vi } from 'vitest';
 import { BROKER_SYSTEM } from '../../lib/src/broker/broker.names.js';
+import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
 import { BROKER_CRASH_CAP, BrokerReader } from '../../lib/src/broker/broker.reader.js';
 import * as Q from '../../lib/src/broker/broker.reader.queries.js';
 import type {
@@ -22,31 +23,13 @@ const SCHEMA = 'sqlqueue';
 const GROUP = '11111111-1111-1111-1111-111111111111';
 const HANDLE = '22222222-2222-2222-2222-222222222222';
 const OTHER_HANDLE = '33333333-3333-3333-3333-333333333333';
-const MESSAGE_TYPE = 'nestjs-sql-queue/orders/message';
-const CLOSE_TYPE = 'nestjs-sql-queue/orders/close';
-
+/** The resolved options of broker queue 'orders' in schema sqlqueue, with a linear test backoff and no time limit. */
 function brokerQueue(overrides: Partial<ResolvedBrokerQueue> = {}): ResolvedBrokerQueue {
-  return {
-    name: 'orders',
-    queue: { schema: SCHEMA, name: 'nestjs-sql-queue.orders' },
-    service: 'nestjs-sql-queue/orders',
-    contract: 'nestjs-sql-queue/orders/contract',
-    messageType: MESSAGE_TYPE,
-    closeMessageType: CLOSE_TYPE,
-    initiatorQueue: { schema: SCHEMA, name: 'nestjs-sql-queue.orders.initiator' },
-    initiatorService: 'nestjs-sql-queue/orders/initiator',
-    activationNotification: 'sqlqueue_activation',
-    disabledNotification: 'sqlqueue_disabled',
-    format: 'json',
-    minReaders: 1,
-    maxReaders: 5,
-    maxAttempts: 5,
-    retryDelay: (attempt) => 1_000 * attempt,
-    messagesPerTransaction: 10,
-    maxDurationMs: null,
-    ...overrides,
-  };
+  const [queue] = resolveBrokerOptions({ queues: { orders: {} } }, SCHEMA)!.queues;
+  return { ...queue!, retryDelay: (attempt) => 1_000 * attempt, maxDurationMs: null, ...overrides };
 }
+
+const { messageType: MESSAGE_TYPE, closeMessageType: CLOSE_TYPE } = brokerQueue();
 
 interface JournalRow {
   attempts: number;
