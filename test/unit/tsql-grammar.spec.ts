@@ -1,5 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
+import { everyBrokerTestStatement } from '../helpers/broker-test-queries.js';
 import { everyTestStatement } from '../helpers/mssql-test-queries.js';
 import {
   checkTsql,
@@ -390,6 +391,7 @@ describe('every T-SQL statement the SQL Server tests send themselves parses as T
   const SETUP_SCRIPT = readFileSync(new URL('../integration/mssql/create-databases.sql', import.meta.url), 'utf8');
   const statements: [string, string][] = [
     ...everyTestStatement('t_conc_0a1b2c3d'),
+    ...everyBrokerTestStatement('t_brk_0a1b2c3d'),
     ...SETUP_SCRIPT.split(/^GO$/m)
       .filter((batch) => batch.replace(/--.*$/gm, '').trim() !== '')
       .map((batch, i): [string, string] => [`create-databases.sql batch ${i}`, batch]),
@@ -409,6 +411,8 @@ describe('every T-SQL statement the SQL Server tests send themselves parses as T
     'XACT_ABORT',
     'READ_COMMITTED_SNAPSHOT',
     'ALLOW_SNAPSHOT_ISOLATION',
+    'ENABLE_BROKER',
+    'DISABLE_BROKER',
   ];
   it.each(statements)('%s sets only documented options', (_name, text) => {
     const set = [...text.replace(/--.*$/gm, '').matchAll(/\bSET\s+(?!@)([A-Z_]+(?:\s+(?:ISOLATION\s+LEVEL|XML))?)/gi)];
