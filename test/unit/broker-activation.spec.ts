@@ -867,3 +867,52 @@ describe('broker activation: the consumer with its real listener', () => {
     double.assertDiscipline({ allEnded: true });
   });
 });
+
+describe('broker activation: default readers', () => {
+  it('without createReader, each reader loop runs a BrokerReader on the driver (its own reader transaction)', async () => {
+    const clock = new FakeClock();
+    const options = brokerOptions({ minReaders: 2, maxReaders: 2 });
+    const double = new BrokerDriverDouble();
+    double.on(/GET CONVERSATION GROUP/, () => clock.sleep(WAIT_MS).then(() => []));
+    double.on(receiveNotifications(options.notificationQueue), () => clock.sleep(WAIT_MS).then(() => []));
+    double.on(pollBrokerQueue(options.queues[0]!.queue), () => [pollRow()]);
+    const consumer = new BrokerConsumer({
+      driver: double,
+      options,
+      clock,
+      logger: new Logs(),
+      workerId: 'w1',
+      listeners: [],
+    });
+    consumer.register(options.queues[0]!, async () => undefined);
+    consumer.start();
+    await settle();
+    expect(double.statements('reader').filter((t) => /GET CONVERSATION GROUP/.test(t))).toHaveLength(2);
+    await clock.advance(WAIT_MS);
+    expect(readerCount(consumer)).toBe(2);
+    await consumer.stop(1_000); // each reader cancels its idle wait and commits
+    expect(double.calls.filter((c) => c.kind === 'cancel')).toHaveLength(3); // two readers and the listener
+    double.assertDiscipline({ allEnded: true });
+  });
+
+  it('registerInitiator without a factory runs a BrokerInitiatorReader on the initiator queue', async () => {
+    const clock = new FakeClock();
+    const options = brokerOptions();
+    const double = new BrokerDriverDouble();
+    double.on(/\[orders_InitiatorQueue\]/, () => clock.sleep(WAIT_MS).then(() => []));
+    const consumer = new BrokerConsumer({
+      driver: double,
+      options,
+      clock,
+      logger: new Logs(),
+      workerId: 'w1',
+      listeners: [],
+    });
+    consumer.registerInitiator(options.queues[0]!);
+    consumer.start();
+    await settle();
+    expect(double.statements('reader').filter((t) => t.includes('[orders_InitiatorQueue]'))).toHaveLength(1);
+    await consumer.stop(1_000);
+    double.assertDiscipline({ allEnded: true });
+  });
+});

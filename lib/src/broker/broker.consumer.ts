@@ -6,6 +6,8 @@ import { safeEmit, type QueueEventListener } from '../core/events.js';
 import { ThrottledErrorLog, type QueueLogger } from '../core/logger.js';
 import { settleWithin, withTimeout } from '../core/timeout.js';
 import { BrokerActivationListener, type BrokerListenerDeps } from './broker.listener.js';
+import { BrokerInitiatorReader } from './broker.initiator.js';
+import { BrokerReader } from './broker.reader.js';
 import { brokerEventNotificationBatch } from './broker.setup.js';
 import type {
   BrokerDriver,
@@ -225,9 +227,9 @@ export interface BrokerConsumerDeps {
   workerId: string;
   listeners: readonly QueueEventListener[];
   random?: () => number;
-  /** Makes the reader of one loop of a consumed queue (BrokerReader in production). */
-  createReader: (queue: ResolvedBrokerQueue, handler: BrokerHandler) => BrokerReaderLoop;
-  /** Makes the reader of an initiator queue (EndDialog and Error from targets); omitted: none run. */
+  /** Makes the reader of one loop of a consumed queue. Default: a BrokerReader on `driver`. */
+  createReader?: (queue: ResolvedBrokerQueue, handler: BrokerHandler) => BrokerReaderLoop;
+  /** Makes the reader of an initiator queue (EndDialog and Error from targets). Default: a BrokerInitiatorReader. */
   createInitiatorReader?: (queue: ResolvedBrokerQueue) => BrokerReaderLoop;
   /** Creates a queue's missing event notifications (setup 'auto'). Default: the setup's event notification batch. */
   recreateNotifications?: (queue: ResolvedBrokerQueue) => Promise<void>;
@@ -262,7 +264,7 @@ export class BrokerConsumer {
       this.readerDeps(),
       queue.name,
       { minReaders: queue.minReaders, maxReaders: queue.maxReaders, activates: true },
-      () => this.deps.createReader(queue, handler),
+      () => (this.deps.createReader ?? ((q, h) => this.createReader(q, h)))(queue, handler),
     );
     this.consumed.set(queue.name, { queue, readers });
   }
@@ -275,8 +277,16 @@ export class BrokerConsumer {
   registerInitiator(queue: ResolvedBrokerQueue): void {
     if (this.state !== 'new')
       throw new SqlQueueConfigError(`broker queue '${queue.name}': registerInitiator() must come before start()`);
-    const create = this.deps.createInitiatorReader;
-    if (!create) return;
+    const create =
+      this.deps.createInitiatorReader ??
+      ((q: ResolvedBrokerQueue) =>
+        new BrokerInitiatorReader({
+          driver: this.deps.driver,
+          schema: this.deps.options.schema,
+          queue: q,
+          waitTimeoutMs: this.deps.options.waitTimeoutMs,
+          logger: this.deps.logger,
+        }));
     const key = `${queue.initiatorQueue.schema}.${queue.initiatorQueue.name}`;
     if (this.initiators.has(key)) return;
     this.initiators.set(
@@ -362,6 +372,21 @@ export class BrokerConsumer {
       listenerLastLoopAt: this.state === 'running' ? (listener?.lastLoopAt ?? null) : null,
       queues,
     };
+  }
+
+  private createReader(queue: ResolvedBrokerQueue, handler: BrokerHandler): BrokerReaderLoop {
+    const { driver, options, logger, workerId, listeners } = this.deps;
+    return new BrokerReader({
+      driver,
+      schema: options.schema,
+      queue,
+      waitTimeoutMs: options.waitTimeoutMs,
+      handler,
+      clock: this.clock,
+      logger,
+      workerId,
+      listeners,
+    });
   }
 
   /** Runs the setup's event notification batch for `queue` on the shared pool, bounded. */
