@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
+import * as adminQueries from '../../lib/src/broker/broker.admin.queries.js';
 import * as senderQueries from '../../lib/src/broker/broker.sender.queries.js';
 import type { ResolvedBrokerQueue } from '../../lib/src/broker/broker.types.js';
 import { checkTsqlWithKnownGaps } from '../helpers/tsql-grammar.js';
@@ -39,6 +40,13 @@ function everySenderBatch(schema: string, queue: ResolvedBrokerQueue): [string, 
     ['receiveInitiator', senderQueries.receiveInitiator(queue, 10, 5000)],
     ['giveBackInitiatorMessages', senderQueries.giveBackInitiatorMessages()],
     ['settleEndedDialog', senderQueries.settleEndedDialog(schema, queue)],
+    ['listDeadMessages', adminQueries.listDeadMessages(schema)],
+    ['lastDeadId', adminQueries.lastDeadId(schema)],
+    ['sendDeadMessages ids', adminQueries.sendDeadMessages(schema, queue, { ids: 3 })],
+    ['sendDeadMessages range', adminQueries.sendDeadMessages(schema, queue, 'range')],
+    ['purgeDeadMessages', adminQueries.purgeDeadMessages(schema)],
+    ['brokerQueueFigures', adminQueries.brokerQueueFigures(schema)],
+    ['conversationEndpointsByState', adminQueries.conversationEndpointsByState()],
   ];
 }
 
@@ -46,7 +54,7 @@ const cases = queues().flatMap(([schema, name, queue]) =>
   everySenderBatch(schema, queue).map(([statement, text]) => [`${statement} (${name})`, text] as const),
 );
 
-describe('every T-SQL batch of the broker sender and initiator reader', () => {
+describe('every T-SQL batch of the broker sender, initiator reader and dead-message admin', () => {
   it.each(cases)('%s parses as T-SQL', (_name, text) => {
     expect(checkTsqlWithKnownGaps(text).errors).toEqual([]);
   });
@@ -93,6 +101,15 @@ describe('every T-SQL batch of the broker sender and initiator reader', () => {
     const [, , queue] = queues()[0]!;
     const broken = senderQueries.sendOnDialog('sqlqueue', queue).replace('MESSAGE TYPE', 'MESSAGE KIND');
     expect(checkTsqlWithKnownGaps(broken).errors).not.toEqual([]);
+  });
+
+  it('the retry of 1,000 ids binds 1,000 parameters (sp_executesql takes 2,100)', () => {
+    const [, , queue] = queues()[0]!;
+    const text = adminQueries.sendDeadMessages('sqlqueue', queue, { ids: 1000 });
+    expect(text).toContain('@id0, @id1,');
+    expect(text).toContain('@id999)');
+    expect(checkTsqlWithKnownGaps(text).errors).toEqual([]);
+    expect(() => adminQueries.idParams(1001)).toThrow(/from 1 to 1000/);
   });
 
   it('refuses a TOP or TIMEOUT that is not a bounded integer', () => {
