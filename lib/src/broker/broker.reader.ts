@@ -274,7 +274,8 @@ export class BrokerReader {
       {
         queue: { type: 'nvarchar', value: this.queue.name },
         ...key,
-        workerId: { type: 'nvarchar', value: this.options.workerId },
+        // BrokerAttempts.WorkerId is nvarchar(200).
+        workerId: { type: 'nvarchar', value: this.options.workerId.slice(0, 200) },
       },
     );
     if (!journal) throw new Error(`broker queue '${this.queue.name}': the attempt journal returned no row`);
