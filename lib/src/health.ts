@@ -4,6 +4,7 @@ export { SqlQueueHealthModule } from './nest/health/sql-queue-health.module.js';
 export { SqlQueueHealthIndicator, backlogViolations } from './nest/health/sql-queue-health.indicator.js';
 export type {
   SqlQueueBacklogCheckOptions,
+  SqlQueueBrokerCheckOptions,
   SqlQueueConsumerCheckOptions,
   SqlQueueDatabaseCheckOptions,
 } from './nest/health/sql-queue-health.indicator.js';

@@ -5,7 +5,24 @@ export { SQL_QUEUE_MODULE_OPTIONS } from './nest/sql-queue.module-definition.js'
 export type { SqlQueueModuleOptions } from './nest/sql-queue.options.js';
 export { QueueProducer } from './nest/queue.producer.js';
 export { QueueHandler, QueueHandlerMarker } from './nest/queue-handler.decorator.js';
-export type { QueueHandlerOptions, QueueJobHandler, QueueHandlerMetadata } from './nest/queue-handler.decorator.js';
+export type {
+  BrokerMessageHandler,
+  QueueHandlerOptions,
+  QueueJobHandler,
+  QueueHandlerMetadata,
+} from './nest/queue-handler.decorator.js';
+export type {
+  BrokerBodyFormat,
+  BrokerDeadMessage,
+  BrokerDeadMessagePage,
+  BrokerMessageContext,
+  BrokerOptions,
+  BrokerQueueOptions,
+  BrokerQueueStats,
+  BrokerSent,
+  BrokerSetupMode,
+} from './broker/broker.types.js';
+export { SqlQueueBrokerBodyError } from './broker/broker.body.js';
 export { SqlQueueConsumerHost } from './nest/consumer.host.js';
 export { SQL_QUEUE_RUNTIME } from './nest/sql-queue.tokens.js';
 export type { SqlQueueRuntime } from './nest/sql-queue.runtime.js';
@@ -15,15 +32,22 @@ export type {
   SqlQueueProcessFigures,
   SqlQueueQueueMetrics,
   SqlQueueReaderState,
+  SqlQueueBrokerReading,
 } from './nest/sql-queue.metrics.js';
 export { DEFAULT_LATENCY_BUCKETS_SECONDS } from './core/queue-metrics.js';
-export type { HistogramSnapshot, MetricsOptions, QueueEventFigures, QueueHealthReading } from './core/queue-metrics.js';
+export type {
+  BrokerEventFigures,
+  HistogramSnapshot,
+  MetricsOptions,
+  QueueEventFigures,
+  QueueHealthReading,
+} from './core/queue-metrics.js';
 
 export type { JobContext, JobHandler } from './core/handler.js';
 export type { EnqueueCallOptions, EnqueueItem } from './core/producer.js';
 export type { BackoffOption } from './core/backoff.js';
 export type { QueueOptions, ConsumerOptions, ReaperOptions, RetentionOptions } from './core/options.js';
-export type { QueueEventListener } from './core/events.js';
+export type { BrokerDeadReason, QueueEventListener } from './core/events.js';
 export type { ConsumerSnapshot } from './core/consumer.js';
 export type { QueueConsumerSnapshot } from './core/queue-consumer.js';
 export type { QueueStore, Dialect, MigrationMode } from './core/queue-store.js';

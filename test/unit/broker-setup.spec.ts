@@ -24,6 +24,7 @@ import type {
   ResolvedBrokerOptions,
 } from '../../lib/src/broker/broker.types.js';
 import { SqlQueueConfigError } from '../../lib/src/core/errors.js';
+import { healthyBrokerObservationRows as healthyRows } from '../helpers/broker-observation.js';
 import { checkTsqlWithKnownGaps } from '../helpers/tsql-grammar.js';
 
 const resolve = (raw: BrokerOptions, schema = 'sqlqueue') => resolveBrokerOptions(raw, schema, [])!;
@@ -257,61 +258,6 @@ describe('brokerGrantsScript', () => {
 // ---- Observation → assessment → decision
 
 const options = CONFIGS.defaults!;
-
-/** The rows brokerObservationQuery returns for a database where the setup ran and all is well. */
-function healthyRows(o: ResolvedBrokerOptions): BrokerRow[] {
-  const rows: BrokerRow[] = [{ Kind: 'database', Name: 'appdb', Present: true, BrokerEnabled: true }];
-  const queue = (schema: string, name: string): BrokerRow => ({
-    Kind: 'queue',
-    Schema: schema,
-    Name: name,
-    Present: true,
-    ReceiveEnabled: true,
-    EnqueueEnabled: true,
-    ActivationEnabled: false,
-    ActivationProcedure: null,
-    PoisonHandling: true,
-  });
-  for (const q of o.queues) {
-    rows.push(
-      { Kind: 'messageType', Name: q.messageType, Present: true, Validation: q.format === 'xml' ? 'XML' : 'NONE' },
-      { Kind: 'messageType', Name: q.closeMessageType, Present: true, Validation: 'NONE' },
-      { Kind: 'contract', Name: q.contract, Present: true },
-      queue(q.queue.schema, q.queue.name),
-      queue(q.initiatorQueue.schema, q.initiatorQueue.name),
-      {
-        Kind: 'service',
-        Name: q.service,
-        Present: true,
-        OnQueue: `${q.queue.schema}.${q.queue.name}`,
-        HasContract: true,
-      },
-      {
-        Kind: 'service',
-        Name: q.initiatorService,
-        Present: true,
-        OnQueue: `${q.initiatorQueue.schema}.${q.initiatorQueue.name}`,
-        HasContract: null,
-      },
-      ...[q.activationNotification, q.disabledNotification].map((name) => ({
-        Kind: 'eventNotification',
-        Schema: q.queue.schema,
-        Parent: q.queue.name,
-        Name: name,
-        Present: true,
-        TargetService: o.notificationService,
-      })),
-    );
-  }
-  rows.push(queue(o.notificationQueue.schema, o.notificationQueue.name), {
-    Kind: 'service',
-    Name: o.notificationService,
-    Present: true,
-    OnQueue: `${o.schema}.BrokerActivationQueue`,
-    HasContract: true,
-  });
-  return rows;
-}
 
 type Edit = (rows: BrokerRow[]) => void;
 const find = (rows: BrokerRow[], kind: string, name: string) => rows.find((r) => r.Kind === kind && r.Name === name)!;

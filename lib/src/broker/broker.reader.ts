@@ -2,7 +2,7 @@ import type { Clock } from '../core/clock.js';
 import { SqlQueueJobTimeoutError, SqlQueueShutdownError, SqlQueueUnrecoverableError } from '../core/errors.js';
 import { safeEmit, type BrokerDeadReason, type QueueEventListener } from '../core/events.js';
 import type { QueueLogger } from '../core/logger.js';
-import { decodeBrokerBody, decodeBrokerText } from './broker.body.js';
+import { decodeBrokerBody, parseBrokerErrorBody } from './broker.body.js';
 import { BROKER_SYSTEM } from './broker.names.js';
 import {
   BROKER_DEAD_LETTER_ERROR_CODE,
@@ -498,17 +498,8 @@ function describeError(error: unknown): string {
 
 /** The Code and Description of a Service Broker Error message body (XML), for the log. */
 export function describeBrokerError(body: Buffer | null): string {
-  if (!body || body.length === 0) return 'no details';
-  let text: string;
-  try {
-    text = decodeBrokerText(body);
-  } catch {
-    return `${body.length} bytes that are not text`;
-  }
-  const code = /<Code>([^<]*)<\/Code>/.exec(text)?.[1];
-  const description = /<Description>([^<]*)<\/Description>/.exec(text)?.[1];
-  if (code === undefined && description === undefined) return text.slice(0, 500);
-  return `code ${code ?? '?'}: ${description ?? ''}`.trim();
+  const { code, description } = parseBrokerErrorBody(body);
+  return code === null ? description.slice(0, 500) : `code ${code}: ${description}`.trim();
 }
 
 /** END CONVERSATION … DESCRIPTION: at most 3000 characters (nvarchar(3000)). */

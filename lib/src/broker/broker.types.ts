@@ -235,6 +235,15 @@ export interface BrokerHealthReading {
   details: Record<string, unknown>;
 }
 
+/** What a send did. */
+export interface BrokerSent {
+  /**
+   * The dialog the message went on; null when it waits in the outbox because its key's dialog is
+   * being recycled (it goes out, in order, on the key's next dialog once the old one has ended).
+   */
+  conversationHandle: string | null;
+}
+
 /** What the Nest layer uses of the Service Broker transport (implemented by broker.runtime.ts). */
 export interface BrokerRuntimeApi {
   readonly options: ResolvedBrokerOptions;
@@ -244,11 +253,7 @@ export interface BrokerRuntimeApi {
   stop(timeoutMs: number): Promise<void>;
   close(): Promise<void>;
   snapshot(): BrokerSnapshot;
-  send(
-    name: string,
-    body: unknown,
-    options?: { groupKey?: string; transaction?: unknown },
-  ): Promise<{ conversationHandle: string }>;
+  send(name: string, body: unknown, options?: { groupKey?: string; transaction?: unknown }): Promise<BrokerSent>;
   listDeadMessages(name: string, page?: { limit?: number; afterId?: string | null }): Promise<BrokerDeadMessagePage>;
   retryDeadMessages(name: string, ids: readonly string[] | 'all'): Promise<string[]>;
   purgeDeadMessages(name: string, options?: { olderThanMs?: number }): Promise<number>;

@@ -1,5 +1,5 @@
 import { SqlQueueConfigError } from './errors.js';
-import type { QueueEventListener } from './events.js';
+import type { BrokerDeadReason, QueueEventListener } from './events.js';
 import type { QueueStore } from './queue-store.js';
 import type { QueueHealth } from './types.js';
 import { withTimeout } from './timeout.js';
@@ -337,5 +337,59 @@ export class QueueHealthReader {
     });
     this.last = { ok: true, readAt: this.now(), durationMs: this.now() - startedAt, error: null, queues };
     return this.last;
+  }
+}
+
+/** This process's Service Broker events of one broker queue, counted since it started. */
+export interface BrokerEventFigures {
+  queue: string;
+  handled: number;
+  failed: number;
+  /** Messages moved to the dead table, by reason (max-attempts, crashes, conversation-ended). */
+  deadLettered: Record<BrokerDeadReason, number>;
+  /** Readers started by a QUEUE_ACTIVATION notification, or by the slow poll. */
+  activations: { notification: number; poll: number };
+  /** Times the queue's event notification was found missing or broken. */
+  notificationLost: number;
+}
+
+/** Counts the broker events of QueueEventListener per broker queue. */
+export class BrokerEventCounts implements QueueEventListener {
+  private readonly byQueue = new Map<string, BrokerEventFigures>();
+
+  figures(queue: string): BrokerEventFigures {
+    let figures = this.byQueue.get(queue);
+    if (!figures) {
+      figures = {
+        queue,
+        handled: 0,
+        failed: 0,
+        deadLettered: { 'max-attempts': 0, crashes: 0, 'conversation-ended': 0 },
+        activations: { notification: 0, poll: 0 },
+        notificationLost: 0,
+      };
+      this.byQueue.set(queue, figures);
+    }
+    return figures;
+  }
+
+  brokerHandled(event: { queue: string }): void {
+    this.figures(event.queue).handled++;
+  }
+
+  brokerFailed(event: { queue: string }): void {
+    this.figures(event.queue).failed++;
+  }
+
+  brokerDeadLettered(event: { queue: string; reason: BrokerDeadReason; count: number }): void {
+    this.figures(event.queue).deadLettered[event.reason] += event.count;
+  }
+
+  brokerActivated(event: { queue: string; source: 'notification' | 'poll' }): void {
+    this.figures(event.queue).activations[event.source]++;
+  }
+
+  brokerNotificationLost(event: { queue: string }): void {
+    this.figures(event.queue).notificationLost++;
   }
 }

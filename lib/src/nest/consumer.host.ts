@@ -9,7 +9,8 @@ import {
 import { systemClock } from '../core/clock.js';
 import { SqlQueueConsumer, type ConsumerSnapshot } from '../core/consumer.js';
 import type { ResolvedQueueOptions } from '../core/options.js';
-import { declaredHandlers } from './queue-handler.decorator.js';
+import { applyBrokerHandlerOptions, splitHandlers } from './broker-handlers.js';
+import { declaredHandlers, type BrokerMessageHandler } from './queue-handler.decorator.js';
 import { QueueHandlerExplorer, resolveHandlerOptions } from './queue-handler.explorer.js';
 import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
 import type { SqlQueueRuntime } from './sql-queue.runtime.js';
@@ -44,7 +45,7 @@ export class SqlQueueConsumerHost implements OnModuleInit, OnApplicationBootstra
   /** The second-instance, option and ScheduleModule checks ran before connecting (checkBeforeConnecting). */
   private prepareConsumer(): { consumer: SqlQueueConsumer; queues: ResolvedQueueOptions[] } {
     const { options } = this.runtime;
-    const handlers = this.explorer.discover();
+    const { table: handlers, broker: brokerHandlers } = splitHandlers(this.explorer.discover(), options.broker);
     const consumer = new SqlQueueConsumer({
       store: this.runtime.store,
       clock: systemClock,
@@ -59,9 +60,20 @@ export class SqlQueueConsumerHost implements OnModuleInit, OnApplicationBootstra
       consumer.register(resolved, (payload, context) => handler.instance.handle(payload, context));
       return resolved;
     });
-    if (options.consumer.enabled) this.warnUnconsumed(handlers.map((handler) => handler.queue));
-    else if (handlers.length > 0) {
-      this.logger.log(`consumer disabled: ${handlers.length} handler(s) discovered but not started`);
+    for (const handler of brokerHandlers) {
+      // Again here: a factory provider's handler is only known now.
+      applyBrokerHandlerOptions(options.broker!, handler);
+      if (options.consumer.enabled) {
+        const instance = handler.instance as unknown as BrokerMessageHandler;
+        this.runtime.broker!.register(handler.queue, (body, context) => instance.handle(body, context));
+      }
+    }
+    if (options.consumer.enabled) {
+      this.warnUnconsumed([...handlers, ...brokerHandlers].map((handler) => handler.queue));
+    } else if (handlers.length + brokerHandlers.length > 0) {
+      this.logger.log(
+        `consumer disabled: ${handlers.length + brokerHandlers.length} handler(s) discovered but not started`,
+      );
     }
     return { consumer, queues };
   }
@@ -95,10 +107,13 @@ export class SqlQueueConsumerHost implements OnModuleInit, OnApplicationBootstra
 
   async onApplicationBootstrap(): Promise<void> {
     if (this.enabled) await this.consumer?.start();
+    // In a producer-only process too: the initiator side ends the dialogs that targets end.
+    await this.runtime.broker?.start();
   }
 
   async beforeApplicationShutdown(): Promise<void> {
-    await this.consumer?.stop(this.runtime.options.consumer.shutdownTimeoutMs);
+    const timeoutMs = this.runtime.options.consumer.shutdownTimeoutMs;
+    await Promise.all([this.consumer?.stop(timeoutMs), this.runtime.broker?.stop(timeoutMs)]);
   }
 
   /** For liveness checks: is the consumer running, and are its readers making progress? */

@@ -1,6 +1,7 @@
 import { DiscoveryService } from '@nestjs/core';
 import { SqlQueueConfigError } from '../core/errors.js';
 import type { JobContext } from '../core/handler.js';
+import type { BrokerMessageContext } from '../broker/broker.types.js';
 import { validateQueueOptions, type QueueOptions } from '../core/options.js';
 import { assertQueueName } from '../core/validation.js';
 
@@ -12,9 +13,17 @@ export interface QueueHandlerMetadata {
   options: QueueHandlerOptions;
 }
 
-/** What a `@QueueHandler` class implements. */
+/** What a `@QueueHandler` class of a table queue implements. */
 export interface QueueJobHandler<T = unknown> {
   handle(payload: T, context: JobContext): Promise<void>;
+}
+
+/**
+ * What a `@QueueHandler` class of a Service Broker queue (declared under the `broker` option)
+ * implements: the message body, decoded per the queue's format, and where it came from.
+ */
+export interface BrokerMessageHandler<T = unknown> {
+  handle(body: T, context: BrokerMessageContext): Promise<void>;
 }
 
 /**

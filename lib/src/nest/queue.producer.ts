@@ -10,6 +10,8 @@ import type {
   QueueStats,
 } from '../core/types.js';
 import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
+import { SqlQueueValidationError } from '../core/errors.js';
+import type { BrokerDeadMessagePage, BrokerQueueStats, BrokerRuntimeApi, BrokerSent } from '../broker/broker.types.js';
 import type { SqlQueueRuntime } from './sql-queue.runtime.js';
 
 /**
@@ -55,16 +57,19 @@ export class QueueProducer {
 
   /** Dead jobs of a queue, oldest first, `limit` (default 50) per page; pass `nextAfterId` on. */
   listDead(queue: string, page?: { limit?: number; afterId?: JobId | null }): Promise<DeadJobPage> {
+    if (this.isBrokerQueue(queue)) return this.listDeadMessagesAsJobs(queue, page);
     return this.runtime.producer.listDead(queue, page);
   }
 
   /** Gives dead jobs (the ids, or 'all' of the queue) a fresh attempt budget; returns the ids moved. */
   retryDead(queue: string, jobIds: readonly JobId[] | 'all'): Promise<JobId[]> {
+    if (this.isBrokerQueue(queue)) return this.retryDeadMessages(queue, jobIds);
     return this.runtime.producer.retryDead(queue, jobIds);
   }
 
   /** Deletes dead jobs of a queue (only those dead longer than `olderThanMs`, if given). */
   purgeDead(queue: string, options?: { olderThanMs?: number }): Promise<number> {
+    if (this.isBrokerQueue(queue)) return this.purgeDeadMessages(queue, options);
     return this.runtime.producer.purgeDead(queue, options);
   }
 
@@ -75,6 +80,90 @@ export class QueueProducer {
    */
   listBlockedGroups(queue: string, page?: { limit?: number; afterKey?: string | null }): Promise<BlockedGroupPage> {
     return this.runtime.producer.listBlockedGroups(queue, page);
+  }
+
+  /**
+   * Sends a message to a Service Broker queue declared under the `broker` option (SQL Server).
+   * Messages with the same `groupKey` travel on one long-lived dialog, so the target handles
+   * them one at a time, in send order; without a key, messages spread over a few shared dialogs
+   * and no order is promised. With `transaction` (an mssql Transaction), the message is sent
+   * only if the caller commits. The body is validated (and encoded per the queue's format)
+   * before the database is touched.
+   */
+  send<T>(queue: string, body: T, options?: { groupKey?: string; transaction?: unknown }): Promise<BrokerSent> {
+    return this.broker(queue).send(queue, body, options);
+  }
+
+  /** Dead messages of a broker queue, oldest first, `limit` (default 50) per page; pass `nextAfterId` on. */
+  listDeadMessages(queue: string, page?: { limit?: number; afterId?: string | null }): Promise<BrokerDeadMessagePage> {
+    return this.broker(queue).listDeadMessages(queue, page);
+  }
+
+  /**
+   * Sends dead messages of a broker queue (the ids, or 'all') again, in their dead-table order on
+   * one new dialog, and removes them from the dead table; returns the ids sent.
+   */
+  retryDeadMessages(queue: string, ids: readonly string[] | 'all'): Promise<string[]> {
+    return this.broker(queue).retryDeadMessages(queue, ids);
+  }
+
+  /** Deletes dead messages of a broker queue (only those dead longer than `olderThanMs`, if given). */
+  purgeDeadMessages(queue: string, options?: { olderThanMs?: number }): Promise<number> {
+    return this.broker(queue).purgeDeadMessages(queue, options);
+  }
+
+  /** Messages waiting in a broker queue, and its dead messages. */
+  brokerStats(queue: string): Promise<BrokerQueueStats> {
+    return this.broker(queue).stats(queue);
+  }
+
+  private isBrokerQueue(queue: string): boolean {
+    return this.runtime.broker?.queue(queue) !== undefined;
+  }
+
+  /**
+   * listDead() on a broker queue: its dead messages as job records (id = dead-table id, payload =
+   * body); listDeadMessages() gives the conversation, message type and reason too.
+   */
+  private async listDeadMessagesAsJobs(
+    queue: string,
+    page?: { limit?: number; afterId?: JobId | null },
+  ): Promise<DeadJobPage> {
+    const { messages, nextAfterId } = await this.listDeadMessages(queue, page);
+    const maxAttempts = this.runtime.broker!.queue(queue)!.maxAttempts;
+    const jobs = messages.map((message): JobRecord => ({
+      id: message.id,
+      queue,
+      state: 'dead',
+      payload: message.body,
+      priority: 0,
+      runAt: message.deadAt,
+      groupKey: null,
+      idempotencyKey: null,
+      attempts: message.attempts,
+      maxAttempts,
+      claimToken: null,
+      leaseUntil: null,
+      workerId: null,
+      createdAt: message.deadAt,
+      claimedAt: null,
+      finishedAt: message.deadAt,
+      lastError: message.lastError ?? `dead: ${message.reason}`,
+    }));
+    return { jobs, nextAfterId };
+  }
+
+  private broker(queue: string): BrokerRuntimeApi {
+    const broker = this.runtime.broker;
+    if (!broker?.queue(queue)) {
+      const declared = broker?.options.queues.map((q) => `'${q.name}'`).join(', ');
+      throw new SqlQueueValidationError(
+        declared
+          ? `'${String(queue)}' is not a broker queue: the broker option declares ${declared}`
+          : `'${String(queue)}' is not a broker queue: declare Service Broker queues under the broker option (SQL Server only); table queues take enqueue()`,
+      );
+    }
+    return broker;
   }
 
   /**

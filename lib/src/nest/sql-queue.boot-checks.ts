@@ -1,5 +1,6 @@
 import type { SchedulerRegistry } from '@nestjs/schedule';
 import { SqlQueueConfigError } from '../core/errors.js';
+import { applyBrokerHandlerOptions, BROKER_NEEDS_SQL_SERVER, splitHandlers } from './broker-handlers.js';
 import { resolveHandlerOptions, type QueueHandlerExplorer, type ResolvedHandler } from './queue-handler.explorer.js';
 import type { ResolvedModuleOptions } from './sql-queue.options.js';
 import { SQL_QUEUE_MODULE_OPTIONS } from './sql-queue.module-definition.js';
@@ -12,7 +13,8 @@ export const BARE_IMPORT =
  * Every boot check that needs no database, run in the runtime's factory before the pool
  * connects: with the database down, a bad handler or a missing ScheduleModule is still
  * reported as itself, not hidden behind a connection error. Returns the declared handlers with
- * their effective options, so the runtime knows them from the first enqueue.
+ * their effective options, so the runtime knows them from the first enqueue; the handlers of
+ * Service Broker queues set their queue's options in `options.broker` instead.
  *
  * What needs the built handler (its handle() method, request-scoped dependencies) or a factory
  * provider's result is checked at module init (SqlQueueConsumerHost).
@@ -31,9 +33,15 @@ export function checkBeforeConnecting(
       'SqlQueueModule.forRoot() is imported more than once in this application: import it once, in the application module (it is global, so other modules need not import it). Handlers are discovered application-wide, so each instance would run every handler; several queue databases in one application are not supported yet',
     );
   }
-  const handlers = explorer
-    .findDeclared()
-    .map((handler) => ({ ...handler, resolved: resolveHandlerOptions(handler, options) }));
+  const declared = splitHandlers(explorer.findDeclared(), options.broker);
+  if (options.broker) {
+    const connection = options.connection as { dialect?: unknown; pglite?: unknown };
+    if (connection.dialect === 'postgres' || connection.pglite !== undefined) {
+      throw new SqlQueueConfigError(BROKER_NEEDS_SQL_SERVER);
+    }
+    for (const handler of declared.broker) applyBrokerHandlerOptions(options.broker, handler);
+  }
+  const handlers = declared.table.map((handler) => ({ ...handler, resolved: resolveHandlerOptions(handler, options) }));
   if ((options.reaper.enabled || options.retention.enabled) && !scheduler) {
     throw new SqlQueueConfigError(
       'SqlQueueModule schedules its lease reaper with @nestjs/schedule: import ScheduleModule.forRoot() in your application module, or set reaper.enabled and retention.enabled to false',

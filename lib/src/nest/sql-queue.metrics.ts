@@ -1,6 +1,10 @@
 import { Inject, Injectable } from '@nestjs/common';
 import type { QueueEventListener } from '../core/events.js';
+import type { BrokerQueueStats, BrokerRuntimeApi } from '../broker/broker.types.js';
+import { withTimeout } from '../core/timeout.js';
 import {
+  BrokerEventCounts,
+  type BrokerEventFigures,
   emptyQueueHealth,
   QueueEventMetrics,
   QueueHealthReader,
@@ -73,6 +77,8 @@ export interface SqlQueueQueueMetrics {
 export class SqlQueueMetrics {
   private readonly events: QueueEventMetrics;
   private readonly reader: QueueHealthReader;
+  private readonly brokerEvents = new BrokerEventCounts();
+  private brokerReading: { at: number; reading: Promise<SqlQueueBrokerReading> } | null = null;
 
   constructor(
     @Inject(SQL_QUEUE_RUNTIME) private readonly runtime: SqlQueueRuntime,
@@ -82,6 +88,7 @@ export class SqlQueueMetrics {
     this.reader = new QueueHealthReader(runtime.store, runtime.options.metrics);
     // Registered at construction, before the consumer starts on bootstrap: no event is missed.
     runtime.addListener(this.events);
+    if (runtime.options.broker) runtime.addListener(this.brokerEvents);
   }
 
   /** The resolved `metrics` module options. */
@@ -171,4 +178,73 @@ export class SqlQueueMetrics {
       repeatedFailures: this.options.repeatedFailures,
     };
   }
+
+  /** Whether the module declares Service Broker queues (the `broker` option). */
+  get hasBroker(): boolean {
+    return this.runtime.broker !== null;
+  }
+
+  /**
+   * Service Broker queues (the `broker` option; null without it): messages waiting and dead
+   * messages from the database, conversation endpoints by state, and this process's readers and
+   * event counts. Reuses a reading younger than `metrics.cacheMs`, never waits longer than
+   * `metrics.timeoutMs`, never throws: a failed database reading has `ok: false`, the process
+   * figures are there either way.
+   */
+  async readBroker(): Promise<SqlQueueBrokerReading | null> {
+    const broker = this.runtime.broker;
+    if (!broker) return null;
+    const now = Date.now();
+    if (!this.brokerReading || now - this.brokerReading.at >= this.options.cacheMs) {
+      const reading = this.queryBroker(broker, now);
+      this.brokerReading = { at: now, reading };
+      // A failed reading is not reused.
+      void reading.then((r) => {
+        if (!r.ok && this.brokerReading?.reading === reading) this.brokerReading = null;
+      });
+    }
+    return this.brokerReading.reading;
+  }
+
+  private async queryBroker(broker: BrokerRuntimeApi, startedAt: number): Promise<SqlQueueBrokerReading> {
+    const snapshot = broker.snapshot();
+    const process = (name: string) => {
+      const local = snapshot.queues.find((q) => q.queue === name);
+      return { ...this.brokerEvents.figures(name), readers: local?.readers ?? 0, busyReaders: local?.busyReaders ?? 0 };
+    };
+    const names = broker.options.queues.map((q) => q.name);
+    try {
+      const [stats, endpoints] = await withTimeout(
+        Promise.all([Promise.all(names.map((name) => broker.stats(name))), broker.conversationEndpoints()]),
+        this.options.timeoutMs,
+        'reading Service Broker figures',
+      );
+      return {
+        ok: true,
+        error: null,
+        durationMs: Date.now() - startedAt,
+        endpoints,
+        queues: names.map((name, i) => ({ ...process(name), database: stats[i]! })),
+      };
+    } catch (error) {
+      return {
+        ok: false,
+        error: error instanceof Error ? error.message : String(error),
+        durationMs: Date.now() - startedAt,
+        endpoints: {},
+        queues: names.map((name) => ({ ...process(name), database: null })),
+      };
+    }
+  }
+}
+
+/** One reading of the Service Broker queues: see SqlQueueMetrics.readBroker(). */
+export interface SqlQueueBrokerReading {
+  /** False when the database figures could not be read in time (process figures are still there). */
+  ok: boolean;
+  error: string | null;
+  durationMs: number;
+  /** Conversation endpoints of the database by state (CONVERSING, DISCONNECTED_INBOUND, CLOSED, …). */
+  endpoints: Record<string, number>;
+  queues: (BrokerEventFigures & { readers: number; busyReaders: number; database: BrokerQueueStats | null })[];
 }

@@ -25,6 +25,8 @@ import {
 } from '../core/validation.js';
 import { DEFAULT_WAKE_INTERVAL_MS } from '../core/wake.js';
 import type { SqlQueueConnection } from '../store/create-store.js';
+import { resolveBrokerOptions } from '../broker/broker.options.js';
+import type { BrokerOptions, ResolvedBrokerOptions } from '../broker/broker.types.js';
 
 /** Options of `SqlQueueModule.forRoot()` / `forRootAsync()`. */
 export interface SqlQueueModuleOptions {
@@ -53,6 +55,11 @@ export interface SqlQueueModuleOptions {
   listeners?: QueueEventListener[];
   /** How SqlQueueMetrics measures: failure window, repeated-failure threshold, caching, histogram buckets. */
   metrics?: MetricsOptions;
+  /**
+   * Service Broker queues (SQL Server and Azure SQL Managed Instance only): `@QueueHandler(name)`
+   * consumes a broker queue declared here, `QueueProducer.send(name, …)` sends to it.
+   */
+  broker?: BrokerOptions;
 }
 
 export interface ResolvedModuleOptions {
@@ -67,6 +74,7 @@ export interface ResolvedModuleOptions {
   wakeups: { enabled: boolean; intervalMs: number };
   listeners: QueueEventListener[];
   metrics: ResolvedMetricsOptions;
+  broker: ResolvedBrokerOptions | null;
 }
 
 const KNOWN: readonly (keyof SqlQueueModuleOptions)[] = [
@@ -81,6 +89,7 @@ const KNOWN: readonly (keyof SqlQueueModuleOptions)[] = [
   'wakeups',
   'listeners',
   'metrics',
+  'broker',
 ];
 
 /** Checks every module option at boot, with messages that name the option and the fix. */
@@ -95,11 +104,13 @@ export function resolveModuleOptions(raw: SqlQueueModuleOptions): ResolvedModule
   if (raw.listeners !== undefined && !Array.isArray(raw.listeners)) {
     throw new SqlQueueConfigError('listeners must be an array of event listener objects');
   }
+  const schema = assertSchemaName(raw.schema ?? 'sqlqueue');
+  const queues = validateQueueMap(raw.queues);
   return {
     connection: raw.connection,
-    schema: assertSchemaName(raw.schema ?? 'sqlqueue'),
+    schema,
     migrations,
-    queues: validateQueueMap(raw.queues),
+    queues,
     consumer: resolveConsumerOptions(raw.consumer),
     reaper: resolveReaperOptions(raw.reaper),
     retention: resolveRetentionOptions(raw.retention),
@@ -115,5 +126,6 @@ export function resolveModuleOptions(raw: SqlQueueModuleOptions): ResolvedModule
     },
     listeners: [...(raw.listeners ?? [])],
     metrics: resolveMetricsOptions(raw.metrics),
+    broker: resolveBrokerOptions(raw.broker, schema, Object.keys(queues)),
   };
 }

@@ -11,6 +11,10 @@ import { createQueueStore } from '../store/create-store.js';
 import type { ResolvedModuleOptions } from './sql-queue.options.js';
 import type { ResolvedHandler } from './queue-handler.explorer.js';
 import type { QueueSetting } from '../core/types.js';
+import type { BrokerRuntimeApi } from '../broker/broker.types.js';
+import type { MssqlQueueStore } from '../store/mssql/mssql.store.js';
+import { BROKER_NEEDS_SQL_SERVER } from './broker-handlers.js';
+import { SqlQueueConfigError } from '../core/errors.js';
 
 const STORE_CLOSE_TIMEOUT_MS = 5_000;
 
@@ -28,6 +32,8 @@ export class SqlQueueRuntime {
   readonly remoteWaker: RemoteWaker | null;
   readonly producer: QueueProducerCore;
   readonly workerId: string;
+  /** The Service Broker transport, when the `broker` option declares queues (SQL Server only). */
+  broker: BrokerRuntimeApi | null = null;
   /** Queue settings this process recorded (consumers only). */
   private readonly recorded = new Map<string, string>();
   private closed = false;
@@ -96,6 +102,9 @@ export class SqlQueueRuntime {
     if (this.closed) return;
     this.closed = true;
     this.remoteWaker?.close();
+    await this.broker?.close().catch((error: unknown) => {
+      this.logger.warn(`closing the Service Broker reader pool failed: ${(error as Error).message}`);
+    });
     // Closing a pool waits for every connection checked out; one stuck on an unresponsive
     // database (until queryTimeoutMs) must not hold the application's shutdown.
     if (!(await settleWithin(this.store.close(), STORE_CLOSE_TIMEOUT_MS))) {
@@ -131,10 +140,32 @@ export async function createSqlQueueRuntime(
     throw error;
   }
   const runtime = new SqlQueueRuntime(options, store, logger);
+  if (options.broker)
+    runtime.broker = await connectBroker(runtime, options).catch((error: unknown) => runtime.failBoot(error));
   for (const handler of handlers) runtime.handlerOptions.set(handler.queue, handler.options);
   // Before any provider's init can enqueue: a new handler maxAttempts applies from the first job.
   await runtime
     .recordQueueSettings(handlers.map((handler) => handler.resolved))
     .catch((error: unknown) => runtime.failBoot(error));
   return runtime;
+}
+
+/**
+ * Loads the Service Broker transport (and with it `mssql`) only when the `broker` option is
+ * given; it checks or sets up the broker objects, as `setup` says, before the app starts.
+ */
+async function connectBroker(runtime: SqlQueueRuntime, options: ResolvedModuleOptions): Promise<BrokerRuntimeApi> {
+  if (runtime.store.dialect !== 'mssql') {
+    throw new SqlQueueConfigError(BROKER_NEEDS_SQL_SERVER);
+  }
+  const { createBrokerRuntime } = await import('../broker/broker.runtime.js');
+  return createBrokerRuntime({
+    store: runtime.store as MssqlQueueStore,
+    options: options.broker!,
+    logger: runtime.logger,
+    workerId: runtime.workerId,
+    listeners: runtime.listeners,
+    maxPayloadBytes: options.maxPayloadBytes,
+    consume: options.consumer.enabled,
+  });
 }

@@ -24,6 +24,12 @@ export interface SqlQueueConsumerCheckOptions {
   stalledAfterMs?: number;
 }
 
+/** Options of `SqlQueueHealthIndicator.broker()`. */
+export interface SqlQueueBrokerCheckOptions {
+  /** Longest wait for the queue's catalog reading (default 2,000 ms). */
+  timeoutMs?: number;
+}
+
 /** Options of `SqlQueueHealthIndicator.backlog()`: each threshold is optional and inclusive. */
 export interface SqlQueueBacklogCheckOptions {
   queue: string;
@@ -63,6 +69,9 @@ function checkTimeout(value: number | undefined): number {
  * - `consumer(key)`, for liveness: the consumer host runs and no queue's readers are wedged.
  *   It reads the consumer's in-memory snapshot only, so a database outage does not fail it
  *   (which would restart every pod at once, and fix nothing).
+ * - `broker(key, name)`, for readiness or alerting (SQL Server): a Service Broker queue receives
+ *   (Service Broker's poison detection has not disabled it), its activation event notification
+ *   exists, and this process's activation listener is alive.
  * - `backlog(key, { queue, … })`, for alerting or a separate endpoint, not for probes: the
  *   queue's statistics against thresholds. Restarting or unrouting a pod does not drain a
  *   backlog.
@@ -173,6 +182,37 @@ export class SqlQueueHealthIndicator implements OnModuleInit {
       return verdict.live ? session.up(details) : session.down({ ...details, reason: verdict.reason });
     } catch (error) {
       return session.down({ error: messageOf(error) });
+    }
+  }
+
+  /**
+   * A Service Broker queue declared under the `broker` option: up when it is receive-enabled,
+   * its activation event notification exists and (in a process that consumes it) the
+   * activation listener is alive; down with the problems found, or when the reading took
+   * longer than `timeoutMs` (default 2 s).
+   */
+  async broker<const Key extends string>(
+    key: Key,
+    name: string,
+    options: SqlQueueBrokerCheckOptions = {},
+  ): Promise<HealthIndicatorResult<Key>> {
+    const session = this.healthIndicatorService.check(key);
+    try {
+      const timeoutMs = checkTimeout(options.timeoutMs);
+      const { runtime } = this.required();
+      const broker = runtime.broker;
+      if (!broker?.queue(name)) {
+        throw new SqlQueueConfigError(`'${String(name)}' is not a broker queue declared under the broker option`);
+      }
+      const reading = await withTimeout(
+        broker.health(name),
+        timeoutMs,
+        `reading the state of Service Broker queue '${name}'`,
+      );
+      const details = { queue: name, ...reading.details };
+      return reading.healthy ? session.up(details) : session.down({ ...details, problems: reading.problems });
+    } catch (error) {
+      return session.down({ queue: name, error: messageOf(error) });
     }
   }
 

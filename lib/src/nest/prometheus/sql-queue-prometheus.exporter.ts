@@ -3,7 +3,7 @@ import { ModuleRef } from '@nestjs/core';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { SqlQueueConfigError } from '../../core/errors.js';
 import type { QueueHealthReading } from '../../core/queue-metrics.js';
-import { SqlQueueMetrics, type SqlQueueProcessFigures } from '../sql-queue.metrics.js';
+import { SqlQueueMetrics, type SqlQueueBrokerReading, type SqlQueueProcessFigures } from '../sql-queue.metrics.js';
 import { SQL_QUEUE_PROMETHEUS_OPTIONS, type SqlQueuePrometheusOptions } from './sql-queue-prometheus.options.js';
 
 const NAME_PREFIX = /^[a-zA-Z_:][a-zA-Z0-9_:]*$/;
@@ -68,6 +68,127 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
     }
     this.registerDatabaseGauges(metrics);
     this.registerProcessMetrics(metrics);
+    if (metrics.hasBroker) this.registerBrokerMetrics(metrics);
+  }
+
+  /** Service Broker queues: database gauges from one cached, bounded reading, and this process's counts. */
+  private registerBrokerMetrics(metrics: SqlQueueMetrics): void {
+    const registers = [this.registry];
+    const read = async (): Promise<SqlQueueBrokerReading> => (await metrics.readBroker())!;
+    const gauge = (
+      suffix: string,
+      help: string,
+      labelNames: string[],
+      fill: (g: Gauge<string>, r: SqlQueueBrokerReading) => void,
+    ) =>
+      new Gauge({
+        name: this.name(suffix),
+        help,
+        labelNames,
+        registers,
+        async collect() {
+          const r = await read();
+          this.reset();
+          fill(this, r);
+        },
+      });
+    const counter = (
+      suffix: string,
+      help: string,
+      labelNames: string[],
+      fill: (c: Counter<string>, r: SqlQueueBrokerReading) => void,
+    ) =>
+      new Counter({
+        name: this.name(suffix),
+        help,
+        labelNames,
+        registers,
+        async collect() {
+          const r = await read();
+          this.reset();
+          fill(this, r);
+        },
+      });
+    gauge(
+      'broker_up',
+      'Whether the last scrape could read the Service Broker figures from the database in time (1) or not (0).',
+      [],
+      (g, r) => g.set(r.ok ? 1 : 0),
+    );
+    gauge(
+      'broker_messages_waiting',
+      'Messages in the Service Broker queue (all readers, every process).',
+      ['queue'],
+      (g, r) => {
+        for (const q of r.queues) if (q.database) g.set({ queue: q.queue }, q.database.messagesWaiting);
+      },
+    );
+    gauge('broker_dead_messages', 'Messages of the broker queue kept in the dead table.', ['queue'], (g, r) => {
+      for (const q of r.queues) if (q.database) g.set({ queue: q.queue }, q.database.dead);
+    });
+    gauge(
+      'broker_readers',
+      "This process's readers of the broker queue; state busy (running a handler) or idle (waiting in RECEIVE).",
+      ['queue', 'state'],
+      (g, r) => {
+        for (const q of r.queues) {
+          g.set({ queue: q.queue, state: 'busy' }, q.busyReaders);
+          g.set({ queue: q.queue, state: 'idle' }, Math.max(0, q.readers - q.busyReaders));
+        }
+      },
+    );
+    gauge(
+      'broker_conversation_endpoints',
+      'Conversation endpoints of the database by state. DISCONNECTED_INBOUND that keeps growing is an endpoint leak: one side never ends its conversations.',
+      ['state'],
+      (g, r) => {
+        for (const [state, count] of Object.entries(r.endpoints)) g.set({ state }, count);
+      },
+    );
+    counter(
+      'broker_messages_handled_total',
+      'Broker messages whose handler this process ran to completion.',
+      ['queue'],
+      (c, r) => {
+        for (const q of r.queues) c.inc({ queue: q.queue }, q.handled);
+      },
+    );
+    counter(
+      'broker_messages_failed_total',
+      'Handler failures of broker messages in this process (the message returned to its queue or went dead).',
+      ['queue'],
+      (c, r) => {
+        for (const q of r.queues) c.inc({ queue: q.queue }, q.failed);
+      },
+    );
+    counter(
+      'broker_poison_moves_total',
+      'Broker messages this process moved to the dead table, by reason: max-attempts, crashes (repeated full rollbacks), conversation-ended (still queued when their conversation was ended with an error).',
+      ['queue', 'reason'],
+      (c, r) => {
+        for (const q of r.queues)
+          for (const [reason, count] of Object.entries(q.deadLettered)) c.inc({ queue: q.queue, reason }, count);
+      },
+    );
+    counter(
+      'broker_activations_total',
+      'Readers this process started for the broker queue, by source: a QUEUE_ACTIVATION notification, or the slow poll (a lost notification).',
+      ['queue', 'source'],
+      (c, r) => {
+        for (const q of r.queues) {
+          c.inc({ queue: q.queue, source: 'notification' }, q.activations.notification);
+          c.inc({ queue: q.queue, source: 'poll' }, q.activations.poll);
+        }
+      },
+    );
+    counter(
+      'broker_notification_lost_total',
+      'Times the activation event notification of the queue was found missing or broken (and recreated when possible).',
+      ['queue'],
+      (c, r) => {
+        for (const q of r.queues) c.inc({ queue: q.queue }, q.notificationLost);
+      },
+    );
   }
 
   /**

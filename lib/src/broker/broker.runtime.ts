@@ -1,0 +1,190 @@
+import { systemClock, type Clock } from '../core/clock.js';
+import { SqlQueueConfigError } from '../core/errors.js';
+import type { QueueEventListener } from '../core/events.js';
+import type { QueueLogger } from '../core/logger.js';
+import type { MssqlQueueStore } from '../store/mssql/mssql.store.js';
+import { BrokerAdmin } from './broker.admin.js';
+import { BrokerConsumer } from './broker.consumer.js';
+import { readBrokerHealth } from './broker.health.js';
+import { createMssqlBrokerDriver } from './broker.mssql-driver.js';
+import { BrokerSender } from './broker.sender.js';
+import {
+  applyBrokerSetup,
+  assessBrokerSetup,
+  brokerBootDecision,
+  brokerObservationQuery,
+  parseBrokerObservation,
+} from './broker.setup.js';
+import type {
+  BrokerDeadMessagePage,
+  BrokerDriver,
+  BrokerHandler,
+  BrokerHealthReading,
+  BrokerQueueStats,
+  BrokerRuntimeApi,
+  BrokerSent,
+  BrokerSnapshot,
+  ResolvedBrokerOptions,
+  ResolvedBrokerQueue,
+} from './broker.types.js';
+
+export interface BrokerRuntimeDeps {
+  store: MssqlQueueStore;
+  options: ResolvedBrokerOptions;
+  logger: QueueLogger;
+  workerId: string;
+  listeners: readonly QueueEventListener[];
+  maxPayloadBytes: number;
+  /** False in a producer-only process: no readers of target queues, no activation listener. */
+  consume: boolean;
+  clock?: Clock;
+}
+
+/**
+ * Connects the Service Broker transport: a reader pool, then the boot check of the broker
+ * objects (setting them up when `setup` is 'auto'), then the parts that run.
+ */
+export async function createBrokerRuntime(deps: BrokerRuntimeDeps): Promise<BrokerRuntime> {
+  const { options } = deps;
+  // Readers pin a connection each for their whole life; one per reader that may run, the
+  // listener's, and one per initiator queue.
+  const initiatorQueues = new Set(options.queues.map((q) => `${q.initiatorQueue.schema}.${q.initiatorQueue.name}`));
+  const readerConnections =
+    (deps.consume ? options.queues.reduce((sum, q) => sum + q.maxReaders, 0) + 1 : 0) + initiatorQueues.size;
+  const driver = await createMssqlBrokerDriver(deps.store, {
+    readerConnections,
+    requestTimeoutMs: options.requestTimeoutMs,
+    onBackgroundError: (error) => deps.logger.warn(`idle Service Broker reader connection failed: ${error.message}`),
+  });
+  try {
+    await checkBrokerSetup(driver, options, deps.logger);
+  } catch (error) {
+    await driver.close().catch(() => undefined);
+    throw error;
+  }
+  return new BrokerRuntime(driver, deps);
+}
+
+/** Observes the broker objects and does what `setup` says: nothing, create them, or fail naming the fix. */
+export async function checkBrokerSetup(
+  driver: BrokerDriver,
+  options: ResolvedBrokerOptions,
+  logger: QueueLogger,
+): Promise<void> {
+  const observe = async () => {
+    const query = brokerObservationQuery(options);
+    return assessBrokerSetup(parseBrokerObservation(await driver.query(query.text, query.params)), options);
+  };
+  let decision = brokerBootDecision(await observe(), options);
+  if (decision.action === 'setup') {
+    for (const warning of decision.warnings) logger.warn(warning);
+    await applyBrokerSetup(driver, options, decision);
+    logger.log(`Service Broker objects of ${options.queues.length} broker queue(s) set up (broker.setup: 'auto')`);
+    decision = brokerBootDecision(await observe(), options, true);
+  }
+  for (const warning of decision.warnings) logger.warn(warning);
+  if (decision.action === 'fail') {
+    if (decision.script) logger.error(`Service Broker setup script (broker.setup: 'print'):\n${decision.script}`);
+    throw new SqlQueueConfigError(decision.message);
+  }
+}
+
+export class BrokerRuntime implements BrokerRuntimeApi {
+  readonly options: ResolvedBrokerOptions;
+  private readonly byName: Map<string, ResolvedBrokerQueue>;
+  private readonly sender: BrokerSender;
+  private readonly admin: BrokerAdmin;
+  private readonly consumer: BrokerConsumer;
+  private readonly clock: Clock;
+  private closed = false;
+
+  constructor(
+    private readonly driver: BrokerDriver,
+    deps: BrokerRuntimeDeps,
+  ) {
+    this.options = deps.options;
+    this.clock = deps.clock ?? systemClock;
+    this.byName = new Map(deps.options.queues.map((queue) => [queue.name, queue]));
+    this.sender = new BrokerSender({
+      driver,
+      schema: deps.options.schema,
+      maxPayloadBytes: deps.maxPayloadBytes,
+      unkeyedDialogs: deps.options.unkeyedDialogs,
+      dialogRecycleMs: deps.options.dialogRecycleMs,
+      logger: deps.logger,
+    });
+    this.admin = new BrokerAdmin({ driver, schema: deps.options.schema, sender: this.sender });
+    this.consumer = new BrokerConsumer({
+      driver,
+      options: deps.options,
+      clock: this.clock,
+      logger: deps.logger,
+      workerId: deps.workerId,
+      listeners: deps.listeners,
+    });
+    // Every process that may send ends the dialogs its targets end (no endpoint leak).
+    for (const queue of deps.options.queues) this.consumer.registerInitiator(queue);
+  }
+
+  queue(name: string): ResolvedBrokerQueue | undefined {
+    return this.byName.get(name);
+  }
+
+  register(name: string, handler: BrokerHandler): void {
+    this.consumer.register(this.required(name), handler);
+  }
+
+  async start(): Promise<void> {
+    this.consumer.start();
+  }
+
+  stop(timeoutMs: number): Promise<void> {
+    return this.consumer.stop(timeoutMs);
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await this.consumer.stop(0);
+    await this.driver.close();
+  }
+
+  snapshot(): BrokerSnapshot {
+    return this.consumer.snapshot();
+  }
+
+  send(name: string, body: unknown, options?: { groupKey?: string; transaction?: unknown }): Promise<BrokerSent> {
+    return this.sender.send(this.required(name), body, options);
+  }
+
+  listDeadMessages(name: string, page?: { limit?: number; afterId?: string | null }): Promise<BrokerDeadMessagePage> {
+    return this.admin.listDeadMessages(this.required(name), page);
+  }
+
+  retryDeadMessages(name: string, ids: readonly string[] | 'all'): Promise<string[]> {
+    return this.admin.retryDeadMessages(this.required(name), ids);
+  }
+
+  purgeDeadMessages(name: string, options?: { olderThanMs?: number }): Promise<number> {
+    return this.admin.purgeDeadMessages(this.required(name), options);
+  }
+
+  stats(name: string): Promise<BrokerQueueStats> {
+    return this.admin.brokerQueueFigures(this.required(name));
+  }
+
+  conversationEndpoints(): Promise<Record<string, number>> {
+    return this.admin.conversationEndpointsByState();
+  }
+
+  health(name: string): Promise<BrokerHealthReading> {
+    return readBrokerHealth(this.driver, this.options, name, this.consumer.snapshot(), this.clock.now());
+  }
+
+  private required(name: string): ResolvedBrokerQueue {
+    const queue = this.byName.get(name);
+    if (!queue)
+      throw new SqlQueueConfigError(`'${String(name)}' is not a broker queue declared under the broker option`);
+    return queue;
+  }
+}

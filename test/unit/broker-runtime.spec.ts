@@ -1,0 +1,137 @@
+import { describe, expect, it } from 'vitest';
+import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
+import { BrokerRuntime, checkBrokerSetup, type BrokerRuntimeDeps } from '../../lib/src/broker/broker.runtime.js';
+import { brokerObservationQuery, brokerSetupBatches } from '../../lib/src/broker/broker.setup.js';
+import type { BrokerRow, ResolvedBrokerOptions } from '../../lib/src/broker/broker.types.js';
+import { SqlQueueConfigError } from '../../lib/src/core/errors.js';
+import { silentLogger, type QueueLogger } from '../../lib/src/core/logger.js';
+import type { MssqlQueueStore } from '../../lib/src/store/mssql/mssql.store.js';
+import { healthyBrokerObservationRows } from '../helpers/broker-observation.js';
+import { BrokerDriverDouble } from '../helpers/broker-driver-double.js';
+
+const resolve = (setup: 'auto' | 'print' | 'off'): ResolvedBrokerOptions =>
+  resolveBrokerOptions({ queues: { orders: {}, invoices: { format: 'xml' } }, setup }, 'sqlqueue', [])!;
+
+function recordingLogger(): QueueLogger & { lines: string[] } {
+  const lines: string[] = [];
+  return {
+    lines,
+    log: (m) => lines.push(`log ${m}`),
+    warn: (m) => lines.push(`warn ${m}`),
+    error: (m) => lines.push(`error ${m}`),
+  };
+}
+
+/** Observation rows in turn: each observation of the boot check takes the next set. */
+function observing(driver: BrokerDriverDouble, options: ResolvedBrokerOptions, ...answers: BrokerRow[][]): void {
+  for (const rows of answers) driver.once(brokerObservationQuery(options).text, () => rows);
+}
+
+describe('the Service Broker boot check', () => {
+  it('runs no DDL when every object is there', async () => {
+    const options = resolve('auto');
+    const driver = new BrokerDriverDouble();
+    observing(driver, options, healthyBrokerObservationRows(options));
+    await checkBrokerSetup(driver, options, silentLogger);
+    expect(driver.statements()).toEqual([brokerObservationQuery(options).text]);
+  });
+
+  it("with setup 'auto', creates what is missing under the setup lock, then observes again", async () => {
+    const options = resolve('auto');
+    const driver = new BrokerDriverDouble();
+    const missingQueue = healthyBrokerObservationRows(options).filter(
+      (row) => !(row.Kind === 'queue' && row.Name === options.queues[0]!.queue.name),
+    );
+    observing(driver, options, missingQueue, healthyBrokerObservationRows(options));
+    const logger = recordingLogger();
+    await checkBrokerSetup(driver, options, logger);
+    const shared = driver.statements('shared');
+    // The lock first, then every setup batch, in one transaction that commits.
+    expect(shared.slice(1)).toEqual(brokerSetupBatches(options));
+    expect(driver.statements('autocommit').filter((t) => t === brokerObservationQuery(options).text)).toHaveLength(2);
+    expect(driver.calls.some((c) => c.kind === 'commit' && c.session === 'shared')).toBe(true);
+    expect(logger.lines.some((l) => l.startsWith('log Service Broker objects of 2 broker queue(s) set up'))).toBe(true);
+    driver.assertDiscipline({ allEnded: true });
+  });
+
+  it('fails when the setup ran and objects are still missing, instead of looping', async () => {
+    const options = resolve('auto');
+    const driver = new BrokerDriverDouble();
+    const missing = healthyBrokerObservationRows(options).filter((row) => row.Kind !== 'contract');
+    observing(driver, options, missing, missing);
+    await expect(checkBrokerSetup(driver, options, silentLogger)).rejects.toThrow(
+      /Service Broker setup did not complete.*missing/,
+    );
+  });
+
+  it("with setup 'print', runs no DDL, logs the script and fails naming the fix", async () => {
+    const options = resolve('print');
+    const driver = new BrokerDriverDouble();
+    observing(driver, options, []);
+    const logger = recordingLogger();
+    const failure = checkBrokerSetup(driver, options, logger);
+    await expect(failure).rejects.toBeInstanceOf(SqlQueueConfigError);
+    await expect(failure).rejects.toThrow(/broker.setup is 'print'/);
+    expect(driver.statements('shared')).toEqual([]);
+    expect(
+      logger.lines.some((l) => l.startsWith('error Service Broker setup script') && l.includes('CREATE QUEUE')),
+    ).toBe(true);
+  });
+
+  it('fails naming ENABLE_BROKER when the broker is off, even with setup auto (enableBroker not set)', async () => {
+    const options = resolve('auto');
+    const driver = new BrokerDriverDouble();
+    const rows = healthyBrokerObservationRows(options).map((row) =>
+      row.Kind === 'database' ? { ...row, BrokerEnabled: false } : row,
+    );
+    observing(driver, options, rows);
+    await expect(checkBrokerSetup(driver, options, silentLogger)).rejects.toThrow(/ENABLE_BROKER/);
+    expect(driver.statements('shared')).toEqual([]);
+  });
+});
+
+describe('the Service Broker runtime facade', () => {
+  const deps = (options: ResolvedBrokerOptions): BrokerRuntimeDeps => ({
+    store: {} as MssqlQueueStore,
+    options,
+    logger: silentLogger,
+    workerId: 'test:1',
+    listeners: [],
+    maxPayloadBytes: 1024,
+    consume: true,
+  });
+
+  it('refuses a name that is not a declared broker queue, before any SQL', async () => {
+    const options = resolve('auto');
+    const driver = new BrokerDriverDouble();
+    const runtime = new BrokerRuntime(driver, deps(options));
+    expect(runtime.queue('orders')?.name).toBe('orders');
+    expect(runtime.queue('emails')).toBeUndefined();
+    expect(() => runtime.send('emails', { a: 1 })).toThrow(/'emails' is not a broker queue/);
+    expect(() => runtime.register('emails', async () => undefined)).toThrow(/'emails' is not a broker queue/);
+    expect(driver.calls).toEqual([]);
+  });
+
+  it('validates a body against maxPayloadBytes before any SQL', async () => {
+    const options = resolve('auto');
+    const driver = new BrokerDriverDouble();
+    const runtime = new BrokerRuntime(driver, deps(options));
+    await expect(runtime.send('orders', { text: 'x'.repeat(2_000) })).rejects.toThrow(/1024/);
+    expect(driver.calls).toEqual([]);
+  });
+
+  it('reports every declared queue in its snapshot, consumed or not, and closes the reader pool once', async () => {
+    const options = resolve('auto');
+    const driver = new BrokerDriverDouble();
+    const runtime = new BrokerRuntime(driver, deps(options));
+    runtime.register('orders', async () => undefined);
+    const snapshot = runtime.snapshot();
+    expect(snapshot.queues.map((q) => [q.queue, q.consumed])).toEqual([
+      ['orders', true],
+      ['invoices', false],
+    ]);
+    await runtime.close();
+    await runtime.close();
+    expect(driver.closed).toBe(true);
+  });
+});
