@@ -1,0 +1,90 @@
+import { Module } from '@nestjs/common';
+import { afterAll, describe, expect, it } from 'vitest';
+import { QueueHandler, QueueProducer, SqlQueueModule } from '../../lib/src/index.js';
+import { dropPgSchema, PG_URL, uniqueSchema } from '../helpers/databases.js';
+import { createQueueApp } from '../helpers/queue-app.js';
+
+// The Service Broker option's boot checks that need no SQL Server (none runs here): they fail
+// before the database is reached, or name the broker queue API on a PostgreSQL app.
+
+const schema = uniqueSchema('nest_broker');
+afterAll(() => dropPgSchema(schema));
+
+describe('the broker option', () => {
+  it('fails the boot on PostgreSQL, naming the fix', async () => {
+    await expect(
+      createQueueApp({
+        schema,
+        queueModule: SqlQueueModule.forRoot({
+          connection: { dialect: 'postgres', url: PG_URL },
+          schema,
+          broker: { queues: { orders: {} } },
+        }),
+      }),
+    ).rejects.toThrow(/Service Broker queues need SQL Server.*this connection is PostgreSQL/);
+  });
+
+  it('refuses a broker queue that is also a table queue', async () => {
+    await expect(
+      createQueueApp({
+        schema,
+        queueModule: SqlQueueModule.forRoot({
+          connection: { dialect: 'mssql', url: 'mssql://sa:x@127.0.0.1:1/none' },
+          schema,
+          queues: { orders: {} },
+          broker: { queues: { orders: {} } },
+        }),
+      }),
+    ).rejects.toThrow(/orders/);
+  });
+
+  it('refuses table-queue options on the @QueueHandler of a broker queue, before connecting', async () => {
+    @QueueHandler('orders', { leaseMs: 60_000, maxReaders: 2 })
+    class OrdersHandler {
+      async handle() {}
+    }
+    @Module({ providers: [OrdersHandler] })
+    class Handlers {}
+    await expect(
+      createQueueApp({
+        schema,
+        // Port 1: nothing listens, so reaching the database would fail with another message.
+        queueModule: SqlQueueModule.forRoot({
+          connection: { dialect: 'mssql', url: 'mssql://sa:x@127.0.0.1:1/none' },
+          schema,
+          broker: { queues: { orders: {} } },
+        }),
+        imports: [Handlers],
+      }),
+    ).rejects.toThrow(
+      /@QueueHandler\('orders'\) on OrdersHandler: 'leaseMs' applies to table queues only; a Service Broker queue takes minReaders, maxReaders, maxAttempts, maxDurationMs, backoff here/,
+    );
+  });
+
+  it('refuses requestTimeoutMs too close to waitTimeoutMs, before connecting', async () => {
+    await expect(
+      createQueueApp({
+        schema,
+        queueModule: SqlQueueModule.forRoot({
+          connection: { dialect: 'mssql', url: 'mssql://sa:x@127.0.0.1:1/none' },
+          schema,
+          broker: { queues: { orders: {} }, waitTimeoutMs: 5_000, requestTimeoutMs: 9_000 },
+        }),
+      }),
+    ).rejects.toThrow(/requestTimeoutMs/);
+  });
+
+  it('send() on an app without broker queues names the option, before any SQL', async () => {
+    const { app } = await createQueueApp({ schema });
+    try {
+      const producer = app.get(QueueProducer);
+      expect(() => producer.send('orders', { id: 1 })).toThrow(
+        /'orders' is not a broker queue: declare Service Broker queues under the broker option/,
+      );
+      // Table queues keep their own dead-job API.
+      await expect(producer.listDead('orders')).resolves.toEqual({ jobs: [], nextAfterId: null });
+    } finally {
+      await app.close();
+    }
+  });
+});
