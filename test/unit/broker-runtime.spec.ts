@@ -1,6 +1,11 @@
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
-import { BrokerRuntime, checkBrokerSetup, type BrokerRuntimeDeps } from '../../lib/src/broker/broker.runtime.js';
+import {
+  BROKER_CLOSE_TIMEOUT_MS,
+  BrokerRuntime,
+  checkBrokerSetup,
+  type BrokerRuntimeDeps,
+} from '../../lib/src/broker/broker.runtime.js';
 import { brokerObservationQuery, brokerSetupBatches } from '../../lib/src/broker/broker.setup.js';
 import type { BrokerRow, ResolvedBrokerOptions } from '../../lib/src/broker/broker.types.js';
 import { SqlQueueConfigError } from '../../lib/src/core/errors.js';
@@ -133,5 +138,27 @@ describe('the Service Broker runtime facade', () => {
     await runtime.close();
     await runtime.close();
     expect(driver.closed).toBe(true);
+  });
+
+  it('does not wait past its bound for a reader pool whose connections stay checked out (a handler ignoring its abort)', async () => {
+    vi.useFakeTimers();
+    try {
+      const options = resolve('auto');
+      const driver = new BrokerDriverDouble();
+      // tarn's destroy() waits for every used connection: a stuck handler's never comes back.
+      driver.close = () => new Promise<void>(() => undefined);
+      const logger = recordingLogger();
+      const runtime = new BrokerRuntime(driver, { ...deps(options), logger });
+      let closed = false;
+      const closing = runtime.close().then(() => (closed = true));
+      await vi.advanceTimersByTimeAsync(BROKER_CLOSE_TIMEOUT_MS - 1);
+      expect(closed).toBe(false);
+      await vi.advanceTimersByTimeAsync(1);
+      await closing;
+      expect(closed).toBe(true);
+      expect(logger.lines.some((line) => line.startsWith('warn') && line.includes('still busy'))).toBe(true);
+    } finally {
+      vi.useRealTimers();
+    }
   });
 });

@@ -2,6 +2,7 @@ import { systemClock, type Clock } from '../core/clock.js';
 import { SqlQueueConfigError } from '../core/errors.js';
 import type { QueueEventListener } from '../core/events.js';
 import type { QueueLogger } from '../core/logger.js';
+import { settleWithin } from '../core/timeout.js';
 import type { MssqlQueueStore } from '../store/mssql/mssql.store.js';
 import { BrokerAdmin } from './broker.admin.js';
 import { BrokerConsumer } from './broker.consumer.js';
@@ -27,6 +28,13 @@ import type {
   ResolvedBrokerOptions,
   ResolvedBrokerQueue,
 } from './broker.types.js';
+
+/**
+ * How long close() waits for the reader pool. Closing a pool waits for every connection checked
+ * out, and a reader whose handler ignores its abort signal keeps its connection for as long as
+ * the handler runs: that must not hold the application's shutdown.
+ */
+export const BROKER_CLOSE_TIMEOUT_MS = 5_000;
 
 export interface BrokerRuntimeDeps {
   store: MssqlQueueStore;
@@ -96,6 +104,7 @@ export class BrokerRuntime implements BrokerRuntimeApi {
   private readonly admin: BrokerAdmin;
   private readonly consumer: BrokerConsumer;
   private readonly clock: Clock;
+  private readonly logger: QueueLogger;
   private closed = false;
 
   constructor(
@@ -104,6 +113,7 @@ export class BrokerRuntime implements BrokerRuntimeApi {
   ) {
     this.options = deps.options;
     this.clock = deps.clock ?? systemClock;
+    this.logger = deps.logger;
     this.byName = new Map(deps.options.queues.map((queue) => [queue.name, queue]));
     this.sender = new BrokerSender({
       driver,
@@ -146,7 +156,11 @@ export class BrokerRuntime implements BrokerRuntimeApi {
     if (this.closed) return;
     this.closed = true;
     await this.consumer.stop(0);
-    await this.driver.close();
+    if (!(await settleWithin(this.driver.close(), BROKER_CLOSE_TIMEOUT_MS))) {
+      this.logger.warn(
+        `Service Broker reader connections were still busy ${BROKER_CLOSE_TIMEOUT_MS} ms into shutdown (a handler ignoring its abort signal, or an unresponsive database); not waiting for them`,
+      );
+    }
   }
 
   snapshot(): BrokerSnapshot {
