@@ -369,6 +369,83 @@ describe('BrokerReader: poison messages never reach five rollbacks', () => {
     expect(String(t.double.paramsOf(Q.deadLetter(SCHEMA)).lastError!.value)).toMatch(/4 runs ended without an outcome/);
   });
 
+  it('a message with a crash on record runs alone: its neighbours commit first and then clear their own', async () => {
+    const t = setup({ queue: { maxAttempts: 10 } });
+    // A crash mid-batch undid message 1's recorded success too: both show one run without an outcome.
+    t.journal.set(`${HANDLE}#1`, { attempts: 1, failures: 0, lastError: null, retryAt: null });
+    t.journal.set(`${HANDLE}#2`, { attempts: 1, failures: 0, lastError: null, retryAt: null });
+    t.group(message(1), message(2));
+    expect(await t.reader.runOnce()).toBe('handled');
+    // Message 1 ran alone and committed; message 2 was not received in that transaction.
+    expect(t.handler.mock.calls.map(([body]) => body)).toEqual([{ n: 1 }]);
+    expect(t.journal.has(`${HANDLE}#1`)).toBe(false);
+    expect(t.log().slice(-2)).toEqual(['reader#1 forgetMessage', 'reader#1 commit']);
+  });
+
+  it('a suspect received after a success is given back (its run not counted) and the success commits', async () => {
+    const t = setup({ queue: { maxAttempts: 10 } });
+    t.journal.set(`${HANDLE}#2`, { attempts: 1, failures: 0, lastError: null, retryAt: null });
+    t.group(message(1), message(2));
+    expect(await t.reader.runOnce()).toBe('handled');
+    expect(t.handler.mock.calls.map(([body]) => body)).toEqual([{ n: 1 }]);
+    expect(t.journal.get(`${HANDLE}#2`)).toMatchObject({ attempts: 1, failures: 0 });
+    expect(t.log().slice(-5)).toEqual([
+      'reader#1 RECEIVE',
+      'autocommit journalAttempt',
+      'reader#1 ROLLBACK TRANSACTION sq_message',
+      'autocommit journalRelease',
+      'reader#1 commit',
+    ]);
+    expect(t.double.calls.some((c) => c.kind === 'rollback')).toBe(false);
+  });
+
+  it('crash loop of a batch: the crashes land on the message that causes them, not on the first one', async () => {
+    // Message 3 of a 3-message conversation kills its process: modelled as a transaction that
+    // never commits (the journal keeps every run started in it; its forgets are undone).
+    const t = setup({ queue: { maxAttempts: 10 } });
+    const delivered = new Set<number>();
+    let crashes = 0;
+    for (let round = 0; round < 8 && crashes < 10; round++) {
+      const pending = [1, 2, 3].filter((n) => !delivered.has(n));
+      if (pending.length === 0) break;
+      t.group(...pending.map((n) => message(n)));
+      const handledHere: number[] = [];
+      const journalBefore = new Map([...t.journal].map(([k, v]) => [k, { ...v }]));
+      t.handler.mockImplementation(async (body) => {
+        const n = (body as { n: number }).n;
+        if (n === 3) throw Object.assign(new Error('process killed'), { crash: true });
+        handledHere.push(n);
+      });
+      try {
+        await t.reader.runOnce();
+        for (const n of handledHere) delivered.add(n);
+      } catch {
+        // not reached: handler errors take the savepoint path
+      }
+      // A real crash would have ended the transaction without a commit: undo this round's forgets
+      // and failure records the way a full rollback plus a dead process would.
+      if (t.handler.mock.calls.some(([body]) => (body as { n: number }).n === 3)) {
+        crashes++;
+        for (const [k, v] of journalBefore) if (!t.journal.has(k) && !k.endsWith('#3')) t.journal.set(k, v);
+        for (const n of handledHere) {
+          delivered.delete(n);
+          const key = `${HANDLE}#${n}`;
+          const row = t.journal.get(key) ?? { attempts: 0, failures: 0, lastError: null, retryAt: null };
+          row.attempts = (journalBefore.get(key)?.attempts ?? 0) + 1;
+          t.journal.set(key, row);
+        }
+        const three = t.journal.get(`${HANDLE}#3`)!;
+        three.failures = journalBefore.get(`${HANDLE}#3`)?.failures ?? 0;
+        three.retryAt = null;
+      }
+      t.handler.mockClear();
+    }
+    const dead = t.double.calls.filter((c) => c.kind === 'query' && c.text === Q.deadLetter(SCHEMA));
+    expect(dead).toHaveLength(1);
+    expect(dead[0]!.kind === 'query' && dead[0]!.params.sequence).toEqual({ type: 'bigint', value: '3' });
+    expect(dead[0]!.kind === 'query' && dead[0]!.params.reason).toEqual({ type: 'nvarchar', value: 'crashes' });
+  });
+
   it('three crashes and recorded failures between them still run the handler', async () => {
     const t = setup({ queue: { maxAttempts: 10 } });
     t.journal.set(`${HANDLE}#1`, { attempts: 6, failures: 3, lastError: 'x', retryAt: null });

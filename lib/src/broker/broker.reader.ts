@@ -306,6 +306,18 @@ export class BrokerReader {
       return 'next';
     }
 
+    // A run without an outcome was a full rollback, which also undid the recorded successes of
+    // the messages handled before it in that transaction: each of them now counts one crash too.
+    // So a message with a crash on record runs alone in its transaction, and the crashes pile up
+    // on the message that causes them, not on its neighbours (which clear theirs on success).
+    const suspect = crashes > 0;
+    if (suspect && tx.finished > 0) {
+      await session.query(rollbackMessage());
+      tx.inSavepoint = false;
+      await this.options.driver.query(journalRelease(this.schema), key);
+      return 'stop';
+    }
+
     const context: Omit<BrokerMessageContext, 'signal'> = {
       queue: this.queue.name,
       conversationHandle: message.conversation_handle,
@@ -323,7 +335,8 @@ export class BrokerReader {
       await session.query(forgetMessage(this.schema), key);
       tx.finished++;
       safeEmit(this.options.listeners, 'brokerHandled', { queue: this.queue.name, attempt: attempts, durationMs });
-      return 'next';
+      // A suspect's success commits at once, alone (see above).
+      return suspect ? 'stop' : 'next';
     }
 
     const errorText = describeError(outcome.error);
