@@ -125,6 +125,17 @@ describe('the Service Broker runtime facade', () => {
     expect(driver.calls).toEqual([]);
   });
 
+  it('refuses a handler that raised maxReaders past the reader pool it was sized for', () => {
+    const options = resolve('auto');
+    // 5 + 5 readers, the listener, 2 initiator queues: what createBrokerRuntime sizes.
+    const runtime = new BrokerRuntime(new BrokerDriverDouble(), deps(options), 13);
+    runtime.register('invoices', async () => undefined);
+    options.queues[0]!.maxReaders = 6; // as a factory provider's @QueueHandler options would, at module init
+    expect(() => runtime.register('orders', async () => undefined)).toThrow(
+      /broker queue 'orders': its handler sets maxReaders 6 after the Service Broker reader pool was sized \(13 connections\)/,
+    );
+  });
+
   it('reports every declared queue in its snapshot, consumed or not, and closes the reader pool once', async () => {
     const options = resolve('auto');
     const driver = new BrokerDriverDouble();

@@ -56,9 +56,8 @@ export async function createBrokerRuntime(deps: BrokerRuntimeDeps): Promise<Brok
   const { options } = deps;
   // Readers pin a connection each for their whole life; one per reader that may run, the
   // listener's, and one per initiator queue.
-  const initiatorQueues = new Set(options.queues.map((q) => `${q.initiatorQueue.schema}.${q.initiatorQueue.name}`));
   const readerConnections =
-    (deps.consume ? options.queues.reduce((sum, q) => sum + q.maxReaders, 0) + 1 : 0) + initiatorQueues.size;
+    (deps.consume ? options.queues.reduce((sum, q) => sum + q.maxReaders, 0) + 1 : 0) + initiatorQueueCount(options);
   const driver = await createMssqlBrokerDriver(deps.store, {
     readerConnections,
     requestTimeoutMs: options.requestTimeoutMs,
@@ -70,7 +69,12 @@ export async function createBrokerRuntime(deps: BrokerRuntimeDeps): Promise<Brok
     await driver.close().catch(() => undefined);
     throw error;
   }
-  return new BrokerRuntime(driver, deps);
+  return new BrokerRuntime(driver, deps, readerConnections);
+}
+
+/** Initiator queues of the options: each gets one reader (queues may share one). */
+function initiatorQueueCount(options: ResolvedBrokerOptions): number {
+  return new Set(options.queues.map((q) => `${q.initiatorQueue.schema}.${q.initiatorQueue.name}`)).size;
 }
 
 /** Observes the broker objects and does what `setup` says: nothing, create them, or fail naming the fix. */
@@ -107,9 +111,14 @@ export class BrokerRuntime implements BrokerRuntimeApi {
   private readonly logger: QueueLogger;
   private closed = false;
 
+  /** Readers registered so far (their maxReaders), against the reader pool's size. */
+  private registeredReaders = 0;
+
   constructor(
     private readonly driver: BrokerDriver,
     deps: BrokerRuntimeDeps,
+    /** Connections the reader pool was sized with; null: not limited (tests). */
+    private readonly readerConnections: number | null = null,
   ) {
     this.options = deps.options;
     this.clock = deps.clock ?? systemClock;
@@ -141,7 +150,18 @@ export class BrokerRuntime implements BrokerRuntimeApi {
   }
 
   register(name: string, handler: BrokerHandler): void {
-    this.consumer.register(this.required(name), handler);
+    const queue = this.required(name);
+    // The pool was sized from the options before module init; a handler that only a factory
+    // provider yields can raise maxReaders after that, and its extra readers would wait for a
+    // connection that never comes.
+    const needed = this.registeredReaders + queue.maxReaders + 1 + initiatorQueueCount(this.options);
+    if (this.readerConnections !== null && needed > this.readerConnections) {
+      throw new SqlQueueConfigError(
+        `broker queue '${name}': its handler sets maxReaders ${queue.maxReaders} after the Service Broker reader pool was sized (${this.readerConnections} connections): set maxReaders under broker.queues['${name}'] (a handler from a factory provider is only known after the pool is open)`,
+      );
+    }
+    this.consumer.register(queue, handler);
+    this.registeredReaders += queue.maxReaders;
   }
 
   async start(): Promise<void> {
