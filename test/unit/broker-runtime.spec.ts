@@ -6,6 +6,7 @@ import {
   checkBrokerSetup,
   type BrokerRuntimeDeps,
 } from '../../lib/src/broker/broker.runtime.js';
+import { sweepOrphanedAttempts } from '../../lib/src/broker/broker.reader.queries.js';
 import { brokerObservationQuery, brokerSetupBatches } from '../../lib/src/broker/broker.setup.js';
 import type { BrokerRow, ResolvedBrokerOptions } from '../../lib/src/broker/broker.types.js';
 import { SqlQueueConfigError } from '../../lib/src/core/errors.js';
@@ -171,5 +172,29 @@ describe('the Service Broker runtime facade', () => {
     } finally {
       vi.useRealTimers();
     }
+  });
+});
+
+describe('the attempt journal sweep', () => {
+  it('deletes in batches of 1,000 until a short one, and never throws', async () => {
+    const options = resolve('auto');
+    const driver = new BrokerDriverDouble();
+    const sweep = sweepOrphanedAttempts(options.schema);
+    driver.once(sweep, () => [{ Deleted: 1000 }]).once(sweep, () => [{ Deleted: 7 }]);
+    const runtime = new BrokerRuntime(driver, {
+      store: {} as MssqlQueueStore,
+      options,
+      logger: silentLogger,
+      workerId: 'test:1',
+      listeners: [],
+      maxPayloadBytes: 1024,
+      consume: true,
+    });
+    await expect(runtime.sweepJournal()).resolves.toBe(1007);
+    expect(driver.statements('autocommit').filter((t) => t === sweep)).toHaveLength(2);
+    driver.on(sweep, () => {
+      throw new Error('connection lost');
+    });
+    await expect(runtime.sweepJournal()).resolves.toBe(0);
   });
 });

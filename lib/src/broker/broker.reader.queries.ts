@@ -150,6 +150,24 @@ SET [Attempts] = [Attempts] - 1
 WHERE [ConversationHandle] = @handle AND [MessageSequenceNumber] = @sequence AND [Attempts] > 0;`;
 }
 
+/**
+ * Journal rows left behind (autocommit, shared pool, batches of 1,000): a run that never recorded
+ * an outcome and whose conversation then ended elsewhere (the other side ended it, an
+ * administrator cleaned it up) leaves its row, as nothing receives that message again. A row
+ * untouched for a day whose conversation endpoint is gone or closed is such a row. Returns
+ * [Deleted].
+ */
+export function sweepOrphanedAttempts(schema: string): string {
+  const attempts = `${quoteMssqlIdentifier(schema)}.[BrokerAttempts]`;
+  return `DELETE TOP (1000) FROM ${attempts}
+WHERE [LastAttemptAt] < DATEADD(day, -1, SYSUTCDATETIME())
+  AND NOT EXISTS (
+    SELECT 1 FROM sys.conversation_endpoints AS e
+    WHERE e.conversation_handle = ${attempts}.[ConversationHandle] AND e.state <> 'CD'
+  );
+SELECT @@ROWCOUNT AS [Deleted];`;
+}
+
 /** The message was handled: its journal row goes with it (reader's transaction). Params: @handle, @sequence. */
 export function forgetMessage(schema: string): string {
   return `DELETE FROM ${quoteMssqlIdentifier(schema)}.[BrokerAttempts]

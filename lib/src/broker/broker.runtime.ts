@@ -8,6 +8,7 @@ import { BrokerAdmin } from './broker.admin.js';
 import { BrokerConsumer } from './broker.consumer.js';
 import { readBrokerHealth } from './broker.health.js';
 import { createMssqlBrokerDriver } from './broker.mssql-driver.js';
+import { sweepOrphanedAttempts } from './broker.reader.queries.js';
 import { BrokerSender } from './broker.sender.js';
 import {
   applyBrokerSetup,
@@ -72,6 +73,9 @@ export async function createBrokerRuntime(deps: BrokerRuntimeDeps): Promise<Brok
   return new BrokerRuntime(driver, deps, readerConnections);
 }
 
+/** How often a consuming process sweeps the attempt journal of ended conversations. */
+const ATTEMPT_SWEEP_INTERVAL_MS = 3_600_000;
+
 /** Initiator queues of the options: each gets one reader (queues may share one). */
 function initiatorQueueCount(options: ResolvedBrokerOptions): number {
   return new Set(options.queues.map((q) => `${q.initiatorQueue.schema}.${q.initiatorQueue.name}`)).size;
@@ -111,6 +115,9 @@ export class BrokerRuntime implements BrokerRuntimeApi {
   private readonly logger: QueueLogger;
   private closed = false;
 
+  private readonly consume: boolean;
+  private sweepTimer: { cancel(): void } | null = null;
+  private sweeping = false;
   /** Readers registered so far (their maxReaders), against the reader pool's size. */
   private registeredReaders = 0;
 
@@ -121,6 +128,7 @@ export class BrokerRuntime implements BrokerRuntimeApi {
     private readonly readerConnections: number | null = null,
   ) {
     this.options = deps.options;
+    this.consume = deps.consume;
     this.clock = deps.clock ?? systemClock;
     this.logger = deps.logger;
     this.byName = new Map(deps.options.queues.map((queue) => [queue.name, queue]));
@@ -166,10 +174,40 @@ export class BrokerRuntime implements BrokerRuntimeApi {
 
   async start(): Promise<void> {
     this.consumer.start();
+    if (this.consume) {
+      this.sweepTimer = this.clock.setInterval(() => void this.sweepJournal(), ATTEMPT_SWEEP_INTERVAL_MS);
+    }
   }
 
   stop(timeoutMs: number): Promise<void> {
+    this.sweepTimer?.cancel();
+    this.sweepTimer = null;
     return this.consumer.stop(timeoutMs);
+  }
+
+  /**
+   * Deletes attempt-journal rows whose conversation is gone (see sweepOrphanedAttempts), in
+   * batches; never throws (the next run tries again). Every consuming process runs it hourly:
+   * the statement is cheap when there is nothing to delete.
+   */
+  async sweepJournal(): Promise<number> {
+    if (this.sweeping) return 0;
+    this.sweeping = true;
+    let deleted = 0;
+    try {
+      for (let batch = 0; batch < 10; batch++) {
+        const [row] = await this.driver.query<{ Deleted: number }>(sweepOrphanedAttempts(this.options.schema));
+        deleted += Number(row?.Deleted ?? 0);
+        if (Number(row?.Deleted ?? 0) < 1_000) break;
+      }
+      if (deleted > 0)
+        this.logger.log(`Service Broker: removed ${deleted} attempt journal row(s) of ended conversations`);
+    } catch (error) {
+      this.logger.warn(`Service Broker: sweeping the attempt journal failed: ${(error as Error).message}`);
+    } finally {
+      this.sweeping = false;
+    }
+    return deleted;
   }
 
   async close(): Promise<void> {
