@@ -50,7 +50,7 @@ describe('activation listener statements pass the T-SQL grammar gate', () => {
     expect(receive).toContain('= @eventNotificationType');
     expect(receive).not.toMatch(/https?:/); // system names travel as parameters
     expect(pollBrokerQueue({ schema: 'sqlqueue', name: 'orders_TargetQueue' })).toContain(
-      'FROM [sqlqueue].[orders_TargetQueue] WITH (NOLOCK) WHERE status = 0',
+      'FROM [sqlqueue].[orders_TargetQueue] WITH (NOLOCK) WHERE status = 1',
     );
     for (const [, text] of everyStatement('sqlqueue')) expect(text).not.toMatch(/\$\{|undefined/);
   });

@@ -55,7 +55,8 @@ export function endBrokenNotificationDialog(): string {
 
 /**
  * The slow poll's look at one consumed queue, in one autocommit statement: does it hold a
- * message ready to receive (status 0); do its two event notifications exist; is it
+ * message ready to receive (status 1: the queue's columns are 0 retained received, 1 ready to
+ * receive, 2 not yet complete, 3 retained sent — CREATE QUEUE, "columns in a queue"); do its two event notifications exist; is it
  * receive-enabled. The queue is read as Microsoft's "Querying Queues" page advises, WITH
  * (NOLOCK), so the poll never blocks or waits on readers (it takes no row locks; a dirty
  * answer only makes the poll start a reader that finds nothing and retires). EXISTS stops
@@ -64,7 +65,7 @@ export function endBrokenNotificationDialog(): string {
  */
 export function pollBrokerQueue(queue: BrokerObjectName): string {
   return `SELECT
-  CASE WHEN EXISTS (SELECT 1 FROM ${quoteBrokerObject(queue)} WITH (NOLOCK) WHERE status = 0) THEN 1 ELSE 0 END AS has_messages,
+  CASE WHEN EXISTS (SELECT 1 FROM ${quoteBrokerObject(queue)} WITH (NOLOCK) WHERE status = 1) THEN 1 ELSE 0 END AS has_messages,
   CASE WHEN EXISTS (
     SELECT 1 FROM sys.event_notifications WHERE parent_id = OBJECT_ID(@queue) AND name = @activationName
   ) THEN 1 ELSE 0 END AS activation_exists,
