@@ -62,7 +62,7 @@ export function messagesInQueue(queue: BrokerObjectName): string {
  * Inside the caller's open transaction: locks conversation group @group without taking its
  * message. The RECEIVE locks the group "until the transaction that contains the statement
  * finishes"; rolling back to the savepoint returns the message "while continuing to hold a lock
- * on the conversation group" (Removing poison messages), and is not a rollback that counts
+ * on the conversation group" (Handling Poison Messages), and is not a rollback that counts
  * toward the queue's poison-message disable. Returns the message it saw.
  */
 export function holdConversationGroup(queue: BrokerObjectName): string {
