@@ -127,10 +127,33 @@ describe('resolveBrokerOptions: errors', () => {
     expectError({}, 'broker.queues is required: declare each broker queue by name');
     expectError(
       { queues: {} },
-      'broker.queues is empty: declare at least one broker queue, or leave the broker option out',
+      'broker.queues is empty: declare at least one broker queue (or set broker.doorbell), or leave the broker option out',
     );
     expectError({ queues: [] }, 'broker.queues must be an object, got an array');
     expectError({ queues: { orders: 5 } }, "broker.queues['orders'] must be an object, got 5");
+  });
+
+  it('takes a doorbell alone, with names of its own that no broker queue can take', () => {
+    const options = resolveBrokerOptions({ doorbell: true }, 'app', [])!;
+    expect(options.queues).toEqual([]);
+    expect(options.doorbell).toMatchObject({
+      name: '~doorbell',
+      queue: { schema: 'app', name: 'DoorbellQueue' },
+      initiatorQueue: { schema: 'app', name: 'DoorbellInitiatorQueue' },
+      service: 'nestjs-sql-queue/app/doorbell',
+      initiatorService: 'nestjs-sql-queue/app/doorbell/initiator',
+      contract: 'nestjs-sql-queue/app/doorbell/contract',
+      messageType: 'nestjs-sql-queue/app/doorbell/ring',
+      closeMessageType: 'nestjs-sql-queue/app/doorbell/close',
+      format: 'raw',
+      doorbell: true,
+    });
+    expect(resolveBrokerOptions({ queues: { orders: {} } }, 'app', [])!.doorbell).toBeNull();
+    expectError({ doorbell: 'yes', queues: { orders: {} } }, /broker.doorbell must be true or false/);
+    expectError(
+      { doorbell: true, queues: { orders: { queue: 'DoorbellQueue' } } },
+      /broker.doorbell.queue and broker.queues\['orders'\].queue both use the queue app.DoorbellQueue/,
+    );
   });
 
   it('checks queue names and refuses one that is also a table queue', () => {

@@ -15,6 +15,7 @@ import {
   assertDerivedQueueName,
   BROKER_ACTIVATION_NOTIFICATION,
   BROKER_DISABLED_NOTIFICATION,
+  BROKER_NAME_PREFIX,
   brokerDefaultNames,
   brokerNotificationQueue,
   brokerNotificationService,
@@ -41,6 +42,7 @@ const BROKER_OPTIONS: Record<keyof BrokerOptions, true> = {
   pollIntervalMs: true,
   unkeyedDialogs: true,
   dialogRecycleMs: true,
+  doorbell: true,
 };
 
 const BROKER_QUEUE_OPTIONS: Record<keyof BrokerQueueOptions, true> = {
@@ -99,12 +101,13 @@ export function resolveBrokerOptions(
 ): ResolvedBrokerOptions | null {
   if (raw === undefined || raw === null) return null;
   const o = assertOptionGroup('broker', raw, Object.keys(BROKER_OPTIONS));
-  if (o.queues === undefined) {
+  const doorbell = o.doorbell === undefined ? false : assertBoolean('broker.doorbell', o.doorbell);
+  if (o.queues === undefined && !doorbell) {
     throw new SqlQueueConfigError(
       'broker.queues is required: declare each broker queue by name, e.g. broker: { queues: { orders: {} } }',
     );
   }
-  const queueMap = assertOptionGroup('broker.queues', o.queues as Record<string, BrokerQueueOptions>);
+  const queueMap = assertOptionGroup('broker.queues', (o.queues ?? {}) as Record<string, BrokerQueueOptions>);
 
   const setup = o.setup ?? 'auto';
   if (!SETUP_MODES.includes(setup)) {
@@ -134,9 +137,9 @@ export function resolveBrokerOptions(
   const queues = Object.entries(queueMap).map(([name, options]) =>
     resolveBrokerQueue(name, options, schema, tableQueues),
   );
-  if (queues.length === 0) {
+  if (queues.length === 0 && !doorbell) {
     throw new SqlQueueConfigError(
-      'broker.queues is empty: declare at least one broker queue, or leave the broker option out',
+      'broker.queues is empty: declare at least one broker queue (or set broker.doorbell), or leave the broker option out',
     );
   }
   const resolved: ResolvedBrokerOptions = {
@@ -151,6 +154,7 @@ export function resolveBrokerOptions(
     notificationQueue: brokerNotificationQueue(schema),
     notificationService: brokerNotificationService(schema),
     queues,
+    doorbell: doorbell ? doorbellQueue(schema) : null,
   };
   assertDistinctObjects(resolved);
   return resolved;
@@ -220,6 +224,44 @@ function resolveBrokerQueue(
   return resolved;
 }
 
+/** The name the doorbell goes by in BrokerDialogs and logs: no broker queue can have it ('~'). */
+export const DOORBELL_NAME = '~doorbell';
+
+/**
+ * The doorbell of module schema S (broker.doorbell): queue `[S].[DoorbellQueue]`, initiator
+ * queue `[S].[DoorbellInitiatorQueue]`, service `nestjs-sql-queue/S/doorbell`, and its
+ * initiator service, contract and `ring`/`close` message types under that name. A ring's body
+ * is the table queue's name; rings travel on shared dialogs like unkeyed sends.
+ */
+export function doorbellQueue(schema: string): ResolvedBrokerQueue {
+  const base = `${BROKER_NAME_PREFIX}/${schema}/doorbell`;
+  return {
+    name: DOORBELL_NAME,
+    queue: { schema, name: 'DoorbellQueue' },
+    service: assertBrokerName('broker.doorbell', base, true),
+    contract: assertBrokerName('broker.doorbell', `${base}/contract`, true),
+    messageType: assertBrokerName('broker.doorbell', `${base}/ring`, true),
+    closeMessageType: assertBrokerName('broker.doorbell', `${base}/close`, true),
+    initiatorQueue: { schema, name: 'DoorbellInitiatorQueue' },
+    initiatorService: assertBrokerName('broker.doorbell', `${base}/initiator`, true),
+    activationNotification: BROKER_ACTIVATION_NOTIFICATION,
+    disabledNotification: BROKER_DISABLED_NOTIFICATION,
+    format: 'raw',
+    minReaders: 1,
+    maxReaders: 1,
+    maxAttempts: 1,
+    retryDelay: retryDelayFor(BROKER_DEFAULT_BACKOFF, 'broker.doorbell'),
+    messagesPerTransaction: 100,
+    maxDurationMs: null,
+    doorbell: true,
+  };
+}
+
+/** Every queue whose objects the setup creates and checks: the broker queues and the doorbell. */
+export function brokerSetupQueues(options: ResolvedBrokerOptions): ResolvedBrokerQueue[] {
+  return options.doorbell ? [...options.queues, options.doorbell] : options.queues;
+}
+
 /**
  * Each broker queue needs queues and services of its own: two broker queues reading one SQL
  * queue would take each other's messages, and a service is the address of one queue. Message
@@ -240,8 +282,8 @@ function assertDistinctObjects(options: ResolvedBrokerOptions): void {
   const messageTypes = new Map<string, { owner: string; validation: string }>();
   const contracts = new Map<string, { owner: string; definition: string }>();
 
-  for (const q of options.queues) {
-    const where = `broker.queues['${q.name}']`;
+  for (const q of brokerSetupQueues(options)) {
+    const where = q.doorbell ? 'broker.doorbell' : `broker.queues['${q.name}']`;
     for (const key of ['queue', 'initiatorQueue'] as const) {
       // SQL Server object names are compared in the database collation, usually case-insensitive.
       claim(

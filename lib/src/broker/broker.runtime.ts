@@ -6,6 +6,8 @@ import { settleWithin } from '../core/timeout.js';
 import type { MssqlQueueStore } from '../store/mssql/mssql.store.js';
 import { BrokerAdmin } from './broker.admin.js';
 import { BrokerConsumer } from './broker.consumer.js';
+import { BrokerDoorbell } from './broker.doorbell.js';
+import { brokerSetupQueues } from './broker.options.js';
 import { readBrokerHealth } from './broker.health.js';
 import { createMssqlBrokerDriver } from './broker.mssql-driver.js';
 import { sweepOrphanedAttempts } from './broker.reader.queries.js';
@@ -58,7 +60,8 @@ export async function createBrokerRuntime(deps: BrokerRuntimeDeps): Promise<Brok
   // Readers pin a connection each for their whole life; one per reader that may run, the
   // listener's, and one per initiator queue.
   const readerConnections =
-    (deps.consume ? options.queues.reduce((sum, q) => sum + q.maxReaders, 0) + 1 : 0) + initiatorQueueCount(options);
+    (deps.consume ? options.queues.reduce((sum, q) => sum + q.maxReaders, 0) + listenerConnections(options) : 0) +
+    initiatorQueueCount(options);
   const driver = await createMssqlBrokerDriver(deps.store, {
     readerConnections,
     requestTimeoutMs: options.requestTimeoutMs,
@@ -76,9 +79,14 @@ export async function createBrokerRuntime(deps: BrokerRuntimeDeps): Promise<Brok
 /** How often a consuming process sweeps the attempt journal of ended conversations. */
 const ATTEMPT_SWEEP_INTERVAL_MS = 3_600_000;
 
-/** Initiator queues of the options: each gets one reader (queues may share one). */
+/** Initiator queues of the options (the doorbell's too): each gets one reader (queues may share one). */
 function initiatorQueueCount(options: ResolvedBrokerOptions): number {
-  return new Set(options.queues.map((q) => `${q.initiatorQueue.schema}.${q.initiatorQueue.name}`)).size;
+  return new Set(brokerSetupQueues(options).map((q) => `${q.initiatorQueue.schema}.${q.initiatorQueue.name}`)).size;
+}
+
+/** The activation listener's connection, and the doorbell listener's. */
+function listenerConnections(options: ResolvedBrokerOptions): number {
+  return 1 + (options.doorbell ? 1 : 0);
 }
 
 /** Observes the broker objects and does what `setup` says: nothing, create them, or fail naming the fix. */
@@ -95,7 +103,9 @@ export async function checkBrokerSetup(
   if (decision.action === 'setup') {
     for (const warning of decision.warnings) logger.warn(warning);
     await applyBrokerSetup(driver, options, decision);
-    logger.log(`Service Broker objects of ${options.queues.length} broker queue(s) set up (broker.setup: 'auto')`);
+    logger.log(
+      `Service Broker objects of ${options.queues.length} broker queue(s)${options.doorbell ? ' and the doorbell' : ''} set up (broker.setup: 'auto')`,
+    );
     decision = brokerBootDecision(await observe(), options, true);
   }
   for (const warning of decision.warnings) logger.warn(warning);
@@ -115,6 +125,7 @@ export class BrokerRuntime implements BrokerRuntimeApi {
   private readonly logger: QueueLogger;
   private closed = false;
 
+  readonly doorbell: BrokerDoorbell | null;
   private readonly consume: boolean;
   private sweepTimer: { cancel(): void } | null = null;
   private sweeping = false;
@@ -150,7 +161,17 @@ export class BrokerRuntime implements BrokerRuntimeApi {
       listeners: deps.listeners,
     });
     // Every process that may send ends the dialogs its targets end (no endpoint leak).
-    for (const queue of deps.options.queues) this.consumer.registerInitiator(queue);
+    for (const queue of brokerSetupQueues(deps.options)) this.consumer.registerInitiator(queue);
+    this.doorbell = deps.options.doorbell
+      ? new BrokerDoorbell({
+          driver,
+          sender: this.sender,
+          queue: deps.options.doorbell,
+          waitTimeoutMs: deps.options.waitTimeoutMs,
+          logger: deps.logger,
+          clock: this.clock,
+        })
+      : null;
   }
 
   queue(name: string): ResolvedBrokerQueue | undefined {
@@ -162,7 +183,8 @@ export class BrokerRuntime implements BrokerRuntimeApi {
     // The pool was sized from the options before module init; a handler that only a factory
     // provider yields can raise maxReaders after that, and its extra readers would wait for a
     // connection that never comes.
-    const needed = this.registeredReaders + queue.maxReaders + 1 + initiatorQueueCount(this.options);
+    const needed =
+      this.registeredReaders + queue.maxReaders + listenerConnections(this.options) + initiatorQueueCount(this.options);
     if (this.readerConnections !== null && needed > this.readerConnections) {
       throw new SqlQueueConfigError(
         `broker queue '${name}': its handler sets maxReaders ${queue.maxReaders} after the Service Broker reader pool was sized (${this.readerConnections} connections): set maxReaders under broker.queues['${name}'] (a handler from a factory provider is only known after the pool is open)`,

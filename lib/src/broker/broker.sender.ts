@@ -205,7 +205,8 @@ export class BrokerSender {
     return { messageType: { type: 'nvarchar', value: queue.messageType } };
   }
 
-  private unkeyedDialogKey(): string {
+  /** One of the unkeyed dialogs' keys, at random (the doorbell's rings use them too). @internal */
+  unkeyedDialogKey(): string {
     const n = Math.min(this.options.unkeyedDialogs - 1, Math.floor(this.random() * this.options.unkeyedDialogs));
     return `${UNKEYED_DIALOG_PREFIX}${Math.max(0, n)}`;
   }

@@ -1,3 +1,4 @@
+import { brokerSetupQueues } from './broker.options.js';
 import { SqlQueueConfigError } from '../core/errors.js';
 import { describe } from '../core/validation.js';
 import { quoteMssqlIdentifier } from '../store/mssql/mssql.identifiers.js';
@@ -81,6 +82,9 @@ function createNotification(queue: BrokerObjectName, name: string, event: string
 }
 
 function queueNotifications(queue: ResolvedBrokerQueue): [name: string, event: string][] {
+  // The doorbell's listener always waits in RECEIVE: it needs no activation, and notifications
+  // nobody reads would pile up in the notification queue of a process without broker queues.
+  if (queue.doorbell) return [];
   return [
     [queue.activationNotification, BROKER_EVENT.QUEUE_ACTIVATION],
     [queue.disabledNotification, BROKER_EVENT.BROKER_QUEUE_DISABLED],
@@ -130,7 +134,7 @@ function distinct<T>(items: readonly T[]): T[] {
  * brokerSetupLock first when they run in one transaction.
  */
 export function brokerSetupBatches(options: ResolvedBrokerOptions): string[] {
-  const qs = options.queues;
+  const qs = brokerSetupQueues(options);
   const allQueues = [...qs.flatMap((q) => [q.queue, q.initiatorQueue]), options.notificationQueue];
   const messageTypes = new Map<string, 'NONE' | 'WELL_FORMED_XML'>();
   for (const q of qs) {
@@ -200,9 +204,9 @@ export async function applyBrokerSetup(
  * exclusive access to the database.
  */
 export function brokerSetupScript(options: ResolvedBrokerOptions): string {
-  const names = options.queues.map((q) => q.name).join(', ');
+  const names = options.queues.map((q) => q.name).join(', ') || 'none';
   const out = [
-    `-- nestjs-sql-queue Service Broker objects, schema ${options.schema}, broker queues: ${names}`,
+    `-- nestjs-sql-queue Service Broker objects, schema ${options.schema}, broker queues: ${names}${options.doorbell ? ', and the table-queue doorbell' : ''}`,
     '-- Safe to run again: each CREATE is skipped when its object exists. Run with `sqlcmd -b -i <this file>`.',
     '-- Service Broker must be enabled in the database. That needs exclusive access (it rolls back',
     "-- other sessions' transactions), so this script does not do it. If",
@@ -223,7 +227,7 @@ export function brokerSetupScript(options: ResolvedBrokerOptions): string {
  * module schema: drop them only with all of them.
  */
 export function brokerTeardownBatches(options: ResolvedBrokerOptions): string[] {
-  const qs = options.queues;
+  const qs = brokerSetupQueues(options);
   const dropIf = (exists: string, drop: string) => `IF EXISTS (${exists})\n  ${drop}`;
   return [
     ...qs.flatMap((q) =>
@@ -286,10 +290,12 @@ function assertPrincipal(role: string, value: unknown): string {
  * - readers: RECEIVE on the target and notification queues, VIEW DEFINITION on the notification
  *   service, SELECT/INSERT/UPDATE/DELETE on BrokerAttempts and BrokerDead, and database-wide
  *   VIEW DEFINITION (catalog views show only objects a principal holds a permission on, and an
- *   event notification takes no grant of its own) and VIEW DATABASE STATE (queue monitors).
+ *   event notification takes no grant of its own).
  * - senders: SEND on the target services, RECEIVE on the initiator queues (a dialog begins FROM
  *   the initiator service, and EndDialog and Error come back there), REFERENCES on contracts and
- *   message types, SELECT/INSERT/UPDATE/DELETE on BrokerDialogs and BrokerOutbox, VIEW DEFINITION.
+ *   message types, SELECT/INSERT/UPDATE/DELETE on BrokerDialogs and BrokerOutbox, VIEW DEFINITION;
+ *   with the doorbell, RECEIVE on its queue too (a ring reads it first; that reading a queue
+ *   needs RECEIVE is our assumption, which the live least-privilege test checks).
  * - admin: ALTER on the target queues (re-enabling a queue, recreating its event notifications)
  *   and SELECT/INSERT/UPDATE/DELETE on all four tables. retryDead sends again: give the admin
  *   principal the senders' grants too.
@@ -297,7 +303,7 @@ function assertPrincipal(role: string, value: unknown): string {
  */
 export function brokerGrantsScript(options: ResolvedBrokerOptions, grantees: BrokerGrantees): string {
   const s = quoteMssqlIdentifier(options.schema);
-  const qs = options.queues;
+  const qs = brokerSetupQueues(options);
   const table = (name: string) => `${s}.${quoteMssqlIdentifier(name)}`;
   const dml = (name: string, to: string) => `GRANT SELECT, INSERT, UPDATE, DELETE ON ${table(name)} TO ${to};`;
   const out: string[] = [
@@ -313,7 +319,6 @@ export function brokerGrantsScript(options: ResolvedBrokerOptions, grantees: Bro
       dml(BROKER_TABLES.attempts, to),
       dml(BROKER_TABLES.dead, to),
       `GRANT VIEW DEFINITION TO ${to};`,
-      `GRANT VIEW DATABASE STATE TO ${to};`,
     );
   }
   if (grantees.senders !== undefined) {
@@ -330,6 +335,8 @@ export function brokerGrantsScript(options: ResolvedBrokerOptions, grantees: Bro
       ...distinct(qs.flatMap((q) => [q.messageType, q.closeMessageType])).map(
         (m) => `GRANT REFERENCES ON MESSAGE TYPE::${quoteMssqlIdentifier(m)} TO ${to};`,
       ),
+      // A ring first looks (SELECT … WITH (NOLOCK)) for a ring already waiting in the doorbell queue.
+      ...(options.doorbell ? [`GRANT RECEIVE ON ${quoteBrokerObject(options.doorbell.queue)} TO ${to};`] : []),
       dml(BROKER_TABLES.dialogs, to),
       dml(BROKER_TABLES.outbox, to),
       `GRANT VIEW DEFINITION TO ${to};`,
@@ -362,7 +369,7 @@ export function brokerObservationQuery(options: ResolvedBrokerOptions): { text: 
     params[name] = { type: 'nvarchar', value };
     return `@${name}`;
   };
-  const qs = options.queues;
+  const qs = brokerSetupQueues(options);
   const messageTypes = distinct(qs.flatMap((q) => [q.messageType, q.closeMessageType]));
   const contracts = distinct(qs.map((q) => q.contract));
   const queues = [...qs.flatMap((q) => [q.queue, q.initiatorQueue]), options.notificationQueue];
@@ -553,7 +560,7 @@ export function assessBrokerSetup(observed: BrokerObservation, options: Resolved
       fix: `run ALTER DATABASE ${quoteMssqlIdentifier(db)} SET ENABLE_BROKER WITH ROLLBACK IMMEDIATE (needs exclusive access; a restored copy of a database whose broker still runs elsewhere needs SET NEW_BROKER instead), or set broker.enableBroker: true with broker.setup 'auto'`,
     });
   }
-  const qs = options.queues;
+  const qs = brokerSetupQueues(options);
   // Message types and contracts may be shared by broker queues: check each once.
   const seen = new Set<string>();
   const once = (key: string) => {

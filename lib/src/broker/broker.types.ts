@@ -44,7 +44,8 @@ export interface BrokerQueueOptions {
 
 /** Module option `broker`. */
 export interface BrokerOptions {
-  queues: Record<string, BrokerQueueOptions>;
+  /** The broker queues by name (required, unless only the doorbell is wanted). */
+  queues?: Record<string, BrokerQueueOptions>;
   /** Default 'auto'. */
   setup?: BrokerSetupMode;
   /**
@@ -62,6 +63,12 @@ export interface BrokerOptions {
   unkeyedDialogs?: number;
   /** Age after which a dialog is recycled through the close handshake, ms (default 1 day; null: never). */
   dialogRecycleMs?: number | null;
+  /**
+   * Table queues on SQL Server: an enqueue rings a Service Broker doorbell so that idle readers
+   * in other processes wake at once instead of at their next poll (the SQL Server counterpart of
+   * PostgreSQL's NOTIFY; default false). With it, `queues` may be empty.
+   */
+  doorbell?: boolean;
 }
 
 /** A schema-scoped object (a Service Broker queue): both parts validated, quote when used. */
@@ -90,6 +97,8 @@ export interface ResolvedBrokerQueue {
   retryDelay: RetryDelay;
   messagesPerTransaction: number;
   maxDurationMs: number | null;
+  /** The internal doorbell queue (broker.doorbell): no event notifications, never a handler's. */
+  doorbell?: true;
 }
 
 export interface ResolvedBrokerOptions {
@@ -106,6 +115,8 @@ export interface ResolvedBrokerOptions {
   notificationQueue: BrokerObjectName;
   notificationService: string;
   queues: ResolvedBrokerQueue[];
+  /** The doorbell's queue, services and message types (broker.doorbell), apart from `queues`. */
+  doorbell: ResolvedBrokerQueue | null;
 }
 
 /** What a handler of a broker queue knows about the message it runs. */
@@ -261,4 +272,14 @@ export interface BrokerRuntimeApi {
   /** Endpoints of this database's conversations by state (CONVERSING, DISCONNECTED_INBOUND, CLOSED, …). */
   conversationEndpoints(): Promise<Record<string, number>>;
   health(name: string): Promise<BrokerHealthReading>;
+  /** The table-queue doorbell (broker.doorbell), or null. */
+  readonly doorbell: BrokerDoorbellApi | null;
+}
+
+/** Cross-process wake-ups of table queues over Service Broker (broker.doorbell). */
+export interface BrokerDoorbellApi {
+  /** Rings for a table queue (its own short transaction), unless a ring of it is waiting already. */
+  ring(tableQueue: string): Promise<void>;
+  /** Calls onWake for each table queue rung; the returned function stops listening. */
+  listen(onWake: (tableQueue: string) => void): Promise<() => Promise<void>>;
 }

@@ -13,6 +13,8 @@ export interface ConsumerDeps extends QueueConsumerDeps {
   wakeBus: WakeBus;
   /** Listen for wake-ups from other processes when the store offers a channel (default true). */
   listenForWakeups?: boolean;
+  /** Another wake-up channel than the store's (SQL Server's Service Broker doorbell). */
+  listen?: (onWake: (queue: string) => void) => Promise<() => Promise<void>>;
 }
 
 export interface ConsumerSnapshot {
@@ -70,9 +72,10 @@ export class SqlQueueConsumer {
     for (const consumer of this.queues.values()) {
       this.unsubscribes.push(this.deps.wakeBus.subscribe(consumer.queue, () => consumer.wake()));
     }
-    if (this.queues.size > 0 && this.deps.listenForWakeups !== false && this.deps.store.listen) {
+    const listen = this.deps.listen ?? this.deps.store.listen?.bind(this.deps.store);
+    if (this.queues.size > 0 && this.deps.listenForWakeups !== false && listen) {
       try {
-        this.stopListening = await this.deps.store.listen((queue) => this.queues.get(queue)?.wake());
+        this.stopListening = await listen((queue) => this.queues.get(queue)?.wake());
       } catch (error) {
         // Wake-ups are an optimization; polling still finds the work.
         this.deps.logger.warn(`cross-process wake-ups unavailable, relying on polling: ${(error as Error).message}`);

@@ -52,6 +52,7 @@ export class SqlQueueConsumerHost implements OnModuleInit, OnApplicationBootstra
       logger: this.logger,
       listeners: this.runtime.listeners,
       wakeBus: this.runtime.wakeBus,
+      listen: this.doorbellListen(),
       workerId: this.runtime.workerId,
     });
     const queues = handlers.map((handler) => {
@@ -103,6 +104,13 @@ export class SqlQueueConsumerHost implements OnModuleInit, OnApplicationBootstra
         }`,
       );
     }
+  }
+
+  /** SQL Server's wake-ups from other processes: the Service Broker doorbell (broker.doorbell). */
+  private doorbellListen(): ((onWake: (queue: string) => void) => Promise<() => Promise<void>>) | undefined {
+    const doorbell = this.runtime.broker?.doorbell;
+    if (!doorbell || !this.runtime.options.wakeups.enabled) return undefined;
+    return (onWake) => doorbell.listen(onWake);
   }
 
   async onApplicationBootstrap(): Promise<void> {

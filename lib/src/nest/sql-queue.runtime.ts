@@ -30,6 +30,8 @@ export class SqlQueueRuntime {
   readonly handlerOptions = new Map<string, QueueOptions>();
   readonly wakeBus = new WakeBus();
   readonly remoteWaker: RemoteWaker | null;
+  /** Where the remote waker rings: the store's notify, or the broker doorbell's ring. */
+  private readonly wakeTarget: Pick<QueueStore, 'notify'>;
   readonly producer: QueueProducerCore;
   readonly workerId: string;
   /** The Service Broker transport, when the `broker` option declares queues (SQL Server only). */
@@ -44,14 +46,26 @@ export class SqlQueueRuntime {
     readonly logger: Logger,
   ) {
     this.workerId = options.consumer.workerId ?? defaultWorkerId();
+    this.wakeTarget = { notify: store.notify ? (queue) => store.notify!(queue) : undefined };
+    // PostgreSQL rings through the store (NOTIFY); SQL Server through the Service Broker
+    // doorbell, once connectBroker has it (broker.doorbell). Without either, nothing is sent.
     this.remoteWaker =
-      options.wakeups.enabled && store.notify ? new RemoteWaker(store, options.wakeups.intervalMs, logger) : null;
+      options.wakeups.enabled && (store.notify || options.broker?.doorbell)
+        ? new RemoteWaker(this.wakeTarget, options.wakeups.intervalMs, logger)
+        : null;
     this.producer = new QueueProducerCore(
       store,
       { maxPayloadBytes: options.maxPayloadBytes, maxAttemptsFor: (queue) => this.maxAttemptsFor(queue) },
       this.wakeBus,
       this.remoteWaker,
     );
+  }
+
+  /** Connected at boot (the `broker` option): its doorbell, if any, rings for table queues. */
+  useBroker(broker: BrokerRuntimeApi): void {
+    this.broker = broker;
+    const doorbell = broker.doorbell;
+    if (doorbell && !this.wakeTarget.notify) this.wakeTarget.notify = (queue) => doorbell.ring(queue);
   }
 
   /** Live list: listeners added later (metrics) see every event from then on. */
