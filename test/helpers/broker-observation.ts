@@ -54,3 +54,14 @@ export function healthyBrokerObservationRows(o: ResolvedBrokerOptions): BrokerRo
   });
   return rows;
 }
+
+/** Broker queue names set explicitly (another schema, URI-style Service Broker names): one fixture for the option and setup tests. */
+export const CUSTOM_BROKER_NAMES = {
+  queue: 'ops.Work',
+  initiatorQueue: 'WorkReplies',
+  service: '//example.com/work',
+  initiatorService: '//example.com/work/client',
+  contract: 'urn:work:contract',
+  messageType: 'urn:work:message',
+  closeMessageType: 'urn:work:close',
+} as const;

@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { BROKER_DEFAULT_BACKOFF, resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
 import type { BrokerOptions, BrokerQueueOptions } from '../../lib/src/broker/broker.types.js';
 import { SqlQueueConfigError } from '../../lib/src/core/errors.js';
+import { CUSTOM_BROKER_NAMES } from '../helpers/broker-observation.js';
 
 const resolve = (raw: unknown, tableQueues: string[] = []) =>
   resolveBrokerOptions(raw as BrokerOptions, 'app', tableQueues);
@@ -80,13 +81,7 @@ describe('resolveBrokerOptions: defaults', () => {
 
   it('takes explicit names, queues in another schema and every format', () => {
     const r = oneQueue({
-      queue: 'ops.Work',
-      initiatorQueue: 'WorkReplies',
-      service: '//example.com/work',
-      initiatorService: '//example.com/work/client',
-      contract: 'urn:work:contract',
-      messageType: 'urn:work:message',
-      closeMessageType: 'urn:work:close',
+      ...CUSTOM_BROKER_NAMES,
       format: 'xml',
     })!;
     expect(r.queues[0]).toMatchObject({

@@ -24,7 +24,7 @@ import type {
   ResolvedBrokerOptions,
 } from '../../lib/src/broker/broker.types.js';
 import { SqlQueueConfigError } from '../../lib/src/core/errors.js';
-import { healthyBrokerObservationRows as healthyRows } from '../helpers/broker-observation.js';
+import { CUSTOM_BROKER_NAMES, healthyBrokerObservationRows as healthyRows } from '../helpers/broker-observation.js';
 import { checkTsqlWithKnownGaps } from '../helpers/tsql-grammar.js';
 
 const resolve = (raw: BrokerOptions, schema = 'sqlqueue') => resolveBrokerOptions(raw, schema, [])!;
@@ -36,13 +36,7 @@ const CONFIGS: Record<string, ResolvedBrokerOptions> = {
     {
       queues: {
         work: {
-          queue: 'ops.Work',
-          initiatorQueue: 'WorkReplies',
-          service: '//example.com/work',
-          initiatorService: '//example.com/work/client',
-          contract: 'urn:work:contract',
-          messageType: 'urn:work:message',
-          closeMessageType: 'urn:work:close',
+          ...CUSTOM_BROKER_NAMES,
         },
         mail: { format: 'raw' },
       },
