@@ -154,8 +154,9 @@ export async function createSqlQueueRuntime(
     throw error;
   }
   const runtime = new SqlQueueRuntime(options, store, logger);
+  // useBroker, not a plain assignment: it also points the producer's wake-ups at the doorbell.
   if (options.broker)
-    runtime.broker = await connectBroker(runtime, options).catch((error: unknown) => runtime.failBoot(error));
+    runtime.useBroker(await connectBroker(runtime, options).catch((error: unknown) => runtime.failBoot(error)));
   for (const handler of handlers) runtime.handlerOptions.set(handler.queue, handler.options);
   // Before any provider's init can enqueue: a new handler maxAttempts applies from the first job.
   await runtime
