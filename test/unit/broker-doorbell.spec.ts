@@ -96,6 +96,24 @@ describe('the table-queue doorbell (SQL Server)', () => {
     driver.assertDiscipline({ allEnded: true });
   });
 
+  it('stopped while its connection is being acquired, it begins no wait (nothing would cancel it)', async () => {
+    const { driver, bell } = rig();
+    let connected!: () => void;
+    const acquired = new Promise<void>((resolve) => (connected = resolve));
+    const beginReader = driver.beginReader.bind(driver);
+    driver.beginReader = async () => {
+      await acquired;
+      return beginReader();
+    };
+    const stop = await bell.listen(() => undefined);
+    const stopped = stop();
+    connected();
+    await stopped;
+    expect(driver.statements('reader')).not.toContain(receiveRings(doorbell.queue));
+    expect(driver.calls.some((c) => c.kind === 'rollback')).toBe(false);
+    driver.assertDiscipline({ allEnded: true });
+  });
+
   it('after a failed round it commits, says so, and tries again after a pause', async () => {
     const clock = new FakeClock();
     const logger = new CaptureLogger(false);

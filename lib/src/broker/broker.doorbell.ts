@@ -106,6 +106,11 @@ export class BrokerDoorbell {
     const { queue, driver } = this.options;
     const woken = new Set<string>();
     let rows: { conversation_handle: string; message_type_name: string; message_body: Buffer | null }[] = [];
+    // stop() while the connection was being acquired had no wait to cancel: do not begin one.
+    if (stopped.aborted) {
+      await session.commit();
+      return woken;
+    }
     startWait();
     try {
       rows = await session.query(receiveRings(queue.queue), {
