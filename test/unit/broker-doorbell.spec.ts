@@ -39,10 +39,11 @@ const ring = (queue: string) => ({
 describe('the table-queue doorbell (SQL Server)', () => {
   it('rings on an unkeyed dialog in a short transaction of its own', async () => {
     const { driver, bell } = rig();
-    driver.on(doorbellRingPending(doorbell.queue), () => [{ Pending: 0 }]);
+    driver.on(doorbellRingPending(doorbell), () => [{ Pending: 0 }]);
     driver.on(openDialog('app', doorbell), () => [{ ConversationHandle: 'AAAAAAAA-0000-0000-0000-000000000009' }]);
     await bell.ring('emails');
-    expect(driver.paramsOf(doorbellRingPending(doorbell.queue))).toEqual({
+    expect(driver.paramsOf(doorbellRingPending(doorbell))).toEqual({
+      doorbell: { type: 'nvarchar', value: '~doorbell' },
       ringType: { type: 'nvarchar', value: 'nestjs-sql-queue/app/doorbell/ring' },
       body: { type: 'varbinary', value: Buffer.from('emails', 'utf8') },
     });
@@ -56,15 +57,21 @@ describe('the table-queue doorbell (SQL Server)', () => {
 
   it('does not ring while a ring of the same table queue waits: the doorbell queue cannot pile up', async () => {
     const { driver, bell } = rig();
-    driver.on(doorbellRingPending(doorbell.queue), () => [{ Pending: 1 }]);
+    driver.on(doorbellRingPending(doorbell), () => [{ Pending: 1 }]);
     await bell.ring('emails');
-    expect(driver.statements('shared')).toEqual([doorbellRingPending(doorbell.queue)]);
+    expect(driver.statements('shared')).toEqual([doorbellRingPending(doorbell)]);
     driver.assertDiscipline({ allEnded: true });
+  });
+
+  it('counts a ring waiting in the outbox behind a dialog being recycled as pending (no listener ends that dialog while every consumer is down)', () => {
+    const pending = doorbellRingPending(doorbell);
+    expect(pending).toContain('FROM [app].[BrokerOutbox] WITH (NOLOCK)');
+    expect(pending).toMatch(/\[Queue\] = @doorbell AND \[MessageTypeName\] = @ringType AND \[MessageBody\] = @body/);
   });
 
   it('a failed ring rolls its transaction back and rejects (the RemoteWaker logs it; polling still finds the work)', async () => {
     const { driver, bell } = rig();
-    driver.on(doorbellRingPending(doorbell.queue), () => {
+    driver.on(doorbellRingPending(doorbell), () => {
       throw new Error('connection lost');
     });
     await expect(bell.ring('emails')).rejects.toThrow('connection lost');
@@ -141,7 +148,7 @@ describe('the table-queue doorbell (SQL Server)', () => {
   });
 
   it.each([
-    ['doorbellRingPending', doorbellRingPending(doorbell.queue)],
+    ['doorbellRingPending', doorbellRingPending(doorbell)],
     ['receiveRings', receiveRings(doorbell.queue)],
     ...brokerSetupBatches(options).map((text, i): [string, string] => [`setup batch ${i}`, text]),
   ])('%s parses as T-SQL', (_name, text) => {

@@ -46,7 +46,8 @@ export class BrokerDoorbell {
     const body = Buffer.from(tableQueue, 'utf8');
     const session = await driver.begin();
     try {
-      const [pending] = await session.query<{ Pending: number | boolean }>(doorbellRingPending(queue.queue), {
+      const [pending] = await session.query<{ Pending: number | boolean }>(doorbellRingPending(queue), {
+        doorbell: { type: 'nvarchar', value: queue.name },
         ringType: { type: 'nvarchar', value: queue.messageType },
         body: { type: 'varbinary', value: body },
       });
