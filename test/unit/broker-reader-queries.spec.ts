@@ -17,7 +17,7 @@ function everyBatch(schema: string, queue: BrokerObjectName): [string, string][]
     ['forgetMessage', q.forgetMessage(schema)],
     ['deadLetter', q.deadLetter(schema)],
     ['drainConversationToDead', q.drainConversationToDead(schema, queue)],
-    ['sweepOrphanedAttempts', q.sweepOrphanedAttempts(schema)],
+    ['sweepOrphanedAttempts', q.sweepOrphanedAttempts(schema, queue)],
   ];
 }
 

@@ -176,10 +176,11 @@ describe('the Service Broker runtime facade', () => {
 });
 
 describe('the attempt journal sweep', () => {
-  it('deletes in batches of 1,000 until a short one, and never throws', async () => {
+  it('sweeps the queues this process consumes, in batches of 1,000 until a short one, and never throws', async () => {
     const options = resolve('auto');
     const driver = new BrokerDriverDouble();
-    const sweep = sweepOrphanedAttempts(options.schema);
+    const orders = options.queues.find((q) => q.name === 'orders')!;
+    const sweep = sweepOrphanedAttempts(options.schema, orders.queue);
     driver.once(sweep, () => [{ Deleted: 1000 }]).once(sweep, () => [{ Deleted: 7 }]);
     const runtime = new BrokerRuntime(driver, {
       store: {} as MssqlQueueStore,
@@ -190,8 +191,11 @@ describe('the attempt journal sweep', () => {
       maxPayloadBytes: 1024,
       consume: true,
     });
+    runtime.register('orders', async () => undefined);
     await expect(runtime.sweepJournal()).resolves.toBe(1007);
-    expect(driver.statements('autocommit').filter((t) => t === sweep)).toHaveLength(2);
+    // Only the consumed queue ('invoices' is declared, not consumed here: its queue may not be readable).
+    expect(driver.statements('autocommit')).toEqual([sweep, sweep]);
+    expect(driver.paramsOf(sweep)).toEqual({ queue: { type: 'nvarchar', value: 'orders' } });
     driver.on(sweep, () => {
       throw new Error('connection lost');
     });

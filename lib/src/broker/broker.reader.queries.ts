@@ -153,17 +153,24 @@ WHERE [ConversationHandle] = @handle AND [MessageSequenceNumber] = @sequence AND
 /**
  * Journal rows left behind (autocommit, shared pool, batches of 1,000): a run that never recorded
  * an outcome and whose conversation then ended elsewhere (the other side ended it, an
- * administrator cleaned it up) leaves its row, as nothing receives that message again. A row
- * untouched for a day whose conversation endpoint is gone or closed is such a row. Returns
- * [Deleted].
+ * administrator cleaned it up) leaves its row, as nothing receives that message again. A row of
+ * broker queue @queue untouched for a day is such a row when its conversation endpoint is gone or
+ * closed AND its message is no longer in the queue: the second test keeps live rows even where
+ * catalog visibility hides endpoints from the sweeping login (reading the queue needs the
+ * RECEIVE its readers hold). Returns [Deleted].
  */
-export function sweepOrphanedAttempts(schema: string): string {
-  const attempts = `${quoteMssqlIdentifier(schema)}.[BrokerAttempts]`;
-  return `DELETE TOP (1000) FROM ${attempts}
-WHERE [LastAttemptAt] < DATEADD(day, -1, SYSUTCDATETIME())
+export function sweepOrphanedAttempts(schema: string, queue: BrokerObjectName): string {
+  return `DELETE TOP (1000) a
+FROM ${quoteMssqlIdentifier(schema)}.[BrokerAttempts] AS a
+WHERE a.[Queue] = @queue
+  AND a.[LastAttemptAt] < DATEADD(day, -1, SYSUTCDATETIME())
   AND NOT EXISTS (
     SELECT 1 FROM sys.conversation_endpoints AS e
-    WHERE e.conversation_handle = ${attempts}.[ConversationHandle] AND e.state <> 'CD'
+    WHERE e.conversation_handle = a.[ConversationHandle] AND e.state <> 'CD'
+  )
+  AND NOT EXISTS (
+    SELECT 1 FROM ${quoteBrokerObject(queue)} WITH (NOLOCK)
+    WHERE conversation_handle = a.[ConversationHandle] AND message_sequence_number = a.[MessageSequenceNumber]
   );
 SELECT @@ROWCOUNT AS [Deleted];`;
 }

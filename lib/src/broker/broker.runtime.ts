@@ -129,6 +129,8 @@ export class BrokerRuntime implements BrokerRuntimeApi {
   private readonly consume: boolean;
   private sweepTimer: { cancel(): void } | null = null;
   private sweeping = false;
+  /** The broker queues this process consumes (registered handlers). */
+  private readonly consumed: ResolvedBrokerQueue[] = [];
   /** Readers registered so far (their maxReaders), against the reader pool's size. */
   private registeredReaders = 0;
 
@@ -191,6 +193,7 @@ export class BrokerRuntime implements BrokerRuntimeApi {
       );
     }
     this.consumer.register(queue, handler);
+    this.consumed.push(queue);
     this.registeredReaders += queue.maxReaders;
   }
 
@@ -208,19 +211,24 @@ export class BrokerRuntime implements BrokerRuntimeApi {
   }
 
   /**
-   * Deletes attempt-journal rows whose conversation is gone (see sweepOrphanedAttempts), in
-   * batches; never throws (the next run tries again). Every consuming process runs it hourly:
-   * the statement is cheap when there is nothing to delete.
+   * Deletes attempt-journal rows of the queues this process consumes whose conversation is gone
+   * (see sweepOrphanedAttempts), in batches; never throws (the next run tries again). Every
+   * consuming process runs it hourly: the statement is cheap when there is nothing to delete.
    */
   async sweepJournal(): Promise<number> {
     if (this.sweeping) return 0;
     this.sweeping = true;
     let deleted = 0;
     try {
-      for (let batch = 0; batch < 10; batch++) {
-        const [row] = await this.driver.query<{ Deleted: number }>(sweepOrphanedAttempts(this.options.schema));
-        deleted += Number(row?.Deleted ?? 0);
-        if (Number(row?.Deleted ?? 0) < 1_000) break;
+      for (const queue of this.consumed) {
+        for (let batch = 0; batch < 10; batch++) {
+          const [row] = await this.driver.query<{ Deleted: number }>(
+            sweepOrphanedAttempts(this.options.schema, queue.queue),
+            { queue: { type: 'nvarchar', value: queue.name } },
+          );
+          deleted += Number(row?.Deleted ?? 0);
+          if (Number(row?.Deleted ?? 0) < 1_000) break;
+        }
       }
       if (deleted > 0)
         this.logger.log(`Service Broker: removed ${deleted} attempt journal row(s) of ended conversations`);
