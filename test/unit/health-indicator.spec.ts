@@ -1,5 +1,6 @@
 import { HealthIndicatorService } from '@nestjs/terminus';
 import { describe, expect, it } from 'vitest';
+import type { BrokerHealthReading } from '../../lib/src/broker/broker.types.js';
 import { SqlQueueConfigError } from '../../lib/src/core/errors.js';
 import { emptyQueueHealth } from '../../lib/src/core/queue-metrics.js';
 import type { QueueConsumerSnapshot } from '../../lib/src/core/queue-consumer.js';
@@ -14,6 +15,8 @@ interface Fakes {
   enabled?: boolean;
   running?: boolean;
   queues?: QueueConsumerSnapshot[];
+  /** The broker runtime's health(name); absent: no broker option. */
+  brokerHealth?: (name: string) => Promise<BrokerHealthReading>;
 }
 
 const never = () => new Promise<never>(() => undefined);
@@ -26,6 +29,9 @@ function stats(overrides: Partial<QueueStats> = {}): QueueStats {
 function indicator(fakes: Fakes = {}): SqlQueueHealthIndicator {
   const runtime = {
     store: { dialect: 'postgres', schema: 'sqlqueue', ping: fakes.ping ?? (async () => undefined) },
+    broker: fakes.brokerHealth
+      ? { queue: (name: string) => (name === 'orders' ? {} : undefined), health: fakes.brokerHealth }
+      : null,
     producer: {
       stats: (queue: string) => {
         assertQueueName(queue);
@@ -175,4 +181,39 @@ it('fails the boot with a clear message when SqlQueueModule is missing', () => {
   const health = new SqlQueueHealthIndicator(new HealthIndicatorService(), moduleRef as never);
   expect(() => health.onModuleInit()).toThrow(SqlQueueConfigError);
   expect(() => health.onModuleInit()).toThrow(/needs SqlQueueModule/);
+});
+
+describe('SqlQueueHealthIndicator.broker()', () => {
+  const healthy: BrokerHealthReading = { healthy: true, problems: [], details: { receiveEnabled: true } };
+
+  it('is up with the details of a healthy broker queue', async () => {
+    const result = await indicator({ brokerHealth: async () => healthy }).broker('sb', 'orders');
+    expect(result).toEqual({ sb: { status: 'up', queue: 'orders', receiveEnabled: true } });
+  });
+
+  it('is down with the problems found', async () => {
+    const reading: BrokerHealthReading = {
+      healthy: false,
+      problems: ['queue [sqlqueue].[orders_TargetQueue] is disabled'],
+      details: { receiveEnabled: false },
+    };
+    const result = await indicator({ brokerHealth: async () => reading }).broker('sb', 'orders');
+    expect(result.sb).toMatchObject({ status: 'down', receiveEnabled: false, problems: reading.problems });
+  });
+
+  it('is down, without waiting past its bound, when the reading hangs', async () => {
+    const started = Date.now();
+    const result = await indicator({ brokerHealth: never }).broker('sb', 'orders', { timeoutMs: 50 });
+    expect(result.sb).toMatchObject({ status: 'down', queue: 'orders' });
+    expect(String(result.sb.error)).toMatch(/Service Broker queue 'orders'/);
+    expect(Date.now() - started).toBeLessThan(2_000);
+  });
+
+  it('is down naming the problem for a name that is not a broker queue, or without a broker option', async () => {
+    expect((await indicator({ brokerHealth: async () => healthy }).broker('sb', 'emails')).sb).toMatchObject({
+      status: 'down',
+      error: "'emails' is not a broker queue declared under the broker option",
+    });
+    expect((await indicator().broker('sb', 'orders')).sb).toMatchObject({ status: 'down' });
+  });
 });
