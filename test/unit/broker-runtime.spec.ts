@@ -96,17 +96,18 @@ describe('the Service Broker boot check', () => {
   });
 });
 
-describe('the Service Broker runtime facade', () => {
-  const deps = (options: ResolvedBrokerOptions): BrokerRuntimeDeps => ({
-    store: {} as MssqlQueueStore,
-    options,
-    logger: silentLogger,
-    workerId: 'test:1',
-    listeners: [],
-    maxPayloadBytes: 1024,
-    consume: true,
-  });
+/** What createBrokerRuntime passes a runtime, minus the store (the runtime itself never reads it). */
+const deps = (options: ResolvedBrokerOptions): BrokerRuntimeDeps => ({
+  store: {} as MssqlQueueStore,
+  options,
+  logger: silentLogger,
+  workerId: 'test:1',
+  listeners: [],
+  maxPayloadBytes: 1024,
+  consume: true,
+});
 
+describe('the Service Broker runtime facade', () => {
   it('refuses a name that is not a declared broker queue, before any SQL', async () => {
     const options = resolve('auto');
     const driver = new BrokerDriverDouble();
@@ -182,15 +183,7 @@ describe('the attempt journal sweep', () => {
     const orders = options.queues.find((q) => q.name === 'orders')!;
     const sweep = sweepOrphanedAttempts(options.schema, orders.queue);
     driver.once(sweep, () => [{ Deleted: 1000 }]).once(sweep, () => [{ Deleted: 7 }]);
-    const runtime = new BrokerRuntime(driver, {
-      store: {} as MssqlQueueStore,
-      options,
-      logger: silentLogger,
-      workerId: 'test:1',
-      listeners: [],
-      maxPayloadBytes: 1024,
-      consume: true,
-    });
+    const runtime = new BrokerRuntime(driver, deps(options));
     runtime.register('orders', async () => undefined);
     await expect(runtime.sweepJournal()).resolves.toBe(1007);
     // Only the consumed queue ('invoices' is declared, not consumed here: its queue may not be readable).
