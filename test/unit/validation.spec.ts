@@ -55,6 +55,11 @@ describe('enqueue arguments are checked before any SQL runs', () => {
     ['a payload with U+0000', () => prepareJob('q', { s: 'a\u0000' }, {}, limits), /contains U\+0000/],
     ['a payload with an unpaired surrogate', () => prepareJob('q', { s: 'a\ud800' }, {}, limits), /unpaired surrogate/],
     [
+      "an idempotency key in the recurring jobs' reserved 'schedule:' namespace",
+      () => prepareJob('q', {}, { idempotencyKey: 'schedule:report:2026-12-01T00:00:00.000Z' }, limits),
+      /idempotencyKey 'schedule:report:2026-12-01T00:00:00.000Z' starts with 'schedule:', which is reserved for the jobs of recurring schedules/,
+    ],
+    [
       'an idempotency key with U+0000',
       () => prepareJob('q', {}, { idempotencyKey: 'k\u0000' }, limits),
       /idempotencyKey contains U\+0000/,

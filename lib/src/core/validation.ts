@@ -189,7 +189,7 @@ export function prepareJob(
     runAt,
     delayMs,
     groupKey: optionalKey('groupKey', opts.groupKey, queue, at),
-    idempotencyKey: optionalKey('idempotencyKey', opts.idempotencyKey, queue, at),
+    idempotencyKey: callerIdempotencyKey(opts.idempotencyKey, queue, at),
     maxAttempts,
     defaultMaxAttempts: limits.defaultMaxAttempts,
   };
@@ -229,6 +229,19 @@ const UNSTORABLE_ESCAPE = /(?:^|[^\\])(?:\\\\)*\\u(?:0000|d[89a-f][0-9a-f]{2})/;
 /** U+0000 or an unpaired surrogate in a string (node-postgres would turn the latter into U+FFFD). */
 // eslint-disable-next-line no-control-regex -- finding U+0000 is the point
 const UNSTORABLE_CHAR = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
+/** Idempotency keys of recurring jobs' ticks (`schedule:<id>:<tick>`): no caller may take one. */
+export const SCHEDULE_KEY_PREFIX = 'schedule:';
+
+function callerIdempotencyKey(value: unknown, queue: string, at: string): string | null {
+  const key = optionalKey('idempotencyKey', value, queue, at);
+  if (key?.startsWith(SCHEDULE_KEY_PREFIX)) {
+    throw new SqlQueueValidationError(
+      `enqueue to '${queue}'${at}: idempotencyKey '${key}' starts with '${SCHEDULE_KEY_PREFIX}', which is reserved for the jobs of recurring schedules: choose another key`,
+    );
+  }
+  return key;
+}
 
 function optionalKey(name: string, value: unknown, queue: string, at: string): string | null {
   if (value === undefined || value === null) return null;
