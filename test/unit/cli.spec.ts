@@ -66,11 +66,11 @@ describe('nestjs-sql-queue sql', () => {
   });
 
   it('--from the latest version prints no migration but a valid, repeatable script', async () => {
-    expect(PG_LATEST_VERSION).toBe(4);
+    expect(PG_LATEST_VERSION).toBe(5);
     expect(MSSQL_LATEST_VERSION).toBe(6);
-    const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '4');
+    const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '5');
     expect(pg.code).toBe(0);
-    expect(pg.stdout).toBe(pgInstallScript('demo', 4));
+    expect(pg.stdout).toBe(pgInstallScript('demo', 5));
     expect(pg.stdout).not.toContain('INSERT INTO');
     expect(pg.stdout).not.toContain('CREATE TABLE "demo".jobs');
     expect(pg.stdout).toContain('BEGIN;');
@@ -96,6 +96,7 @@ describe('nestjs-sql-queue sql', () => {
     expect(pg.stdout).toContain(`UPDATE "demo".jobs SET state = 'delayed' WHERE state = 'ready' AND run_at > now()`);
     expect(pg.stdout).not.toContain('CREATE TABLE "demo".queue_settings');
     expect(pg.stdout).toContain('-- 4: ordered groups');
+    expect(pg.stdout).toContain('-- 5: recurring jobs');
     const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '3');
     expect(mssql.stdout).not.toContain('-- 3:');
     const delayed = section(mssql.stdout, 4);

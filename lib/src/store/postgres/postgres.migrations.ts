@@ -162,6 +162,38 @@ ORDER BY queue, group_key, id`,
       ];
     },
   },
+  {
+    version: 5,
+    description: 'recurring jobs',
+    // One row per schedule (issue 13). Payload and options are the JSON text core wrote, kept
+    // verbatim. The scheduler's idle poll reads min(next_run_at) of unpaused rows and its firing
+    // locks the due ones in next_run_at order: both walk schedules_due_ix only.
+    statements: (schema) => {
+      const s = quotePgIdentifier(schema);
+      return [
+        `CREATE TABLE ${s}.schedules (
+  id varchar(128) NOT NULL,
+  queue varchar(128) NOT NULL,
+  cron varchar(255) NOT NULL,
+  timezone varchar(128) NOT NULL,
+  payload text NOT NULL,
+  options text NOT NULL,
+  catch_up varchar(4) NOT NULL,
+  paused boolean NOT NULL DEFAULT false,
+  source varchar(8) NOT NULL,
+  next_run_at timestamptz NULL,
+  last_run_at timestamptz NULL,
+  last_tick timestamptz NULL,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  CONSTRAINT schedules_pk PRIMARY KEY (id),
+  CONSTRAINT schedules_catch_up_ck CHECK (catch_up IN ('none', 'last', 'all')),
+  CONSTRAINT schedules_source_ck CHECK (source IN ('options', 'api'))
+)`,
+        `CREATE INDEX schedules_due_ix ON ${s}.schedules (next_run_at) WHERE NOT paused AND next_run_at IS NOT NULL`,
+      ];
+    },
+  },
 ];
 
 export const PG_LATEST_VERSION = PG_MIGRATIONS[PG_MIGRATIONS.length - 1]!.version;
