@@ -28,6 +28,13 @@ import type {
   QueueStats,
   ReapedJob,
 } from '../../core/types.js';
+import type {
+  ScheduleFiring,
+  ScheduleRow,
+  ScheduleSource,
+  ScheduleStore,
+  ScheduleUpsert,
+} from '../../core/schedules/schedule.types.js';
 import { assertSchemaName, settingsByQueue } from '../../core/validation.js';
 import { settleWithin, withTimeout } from '../../core/timeout.js';
 import { asCallerTransaction, type PgDriver, type PgQueryable } from './postgres.driver.js';
@@ -62,7 +69,7 @@ type Row = Record<string, unknown>;
 /** PostgreSQL's identifier limit (NAMEDATALEN - 1); schema names are ASCII, so bytes = characters. */
 const PG_NAME_MAX_BYTES = 63;
 
-export class PostgresQueueStore implements QueueStore {
+export class PostgresQueueStore implements QueueStore, ScheduleStore {
   readonly dialect = 'postgres';
   private readonly sql: PgQueries;
   /** Prepared-statement names are per schema, since the statement text embeds the schema. */
@@ -136,7 +143,11 @@ export class PostgresQueueStore implements QueueStore {
 
   async enqueue(jobs: readonly NewJob[], transaction?: unknown): Promise<EnqueueResult[]> {
     if (jobs.length === 0) return [];
-    const client = transaction === undefined ? null : asCallerTransaction(transaction);
+    return this.enqueueOn(jobs, transaction === undefined ? null : asCallerTransaction(transaction));
+  }
+
+  /** The enqueue path, on a transaction's client (the caller's or ours), or autocommit with null. */
+  private async enqueueOn(jobs: readonly NewJob[], client: PgQueryable | null): Promise<EnqueueResult[]> {
     if (!jobs.some((job) => job.groupKey !== null)) return this.insertJobs(jobs, client);
     // A grouped job and its group's state commit together: in the caller's transaction, or in one
     // of ours (a job committed without its group state would wait for the repair sweep).
@@ -622,6 +633,90 @@ export class PostgresQueueStore implements QueueStore {
     return Number(result.rowCount ?? result.affectedRows ?? 0);
   }
 
+  async scheduleDueIn(): Promise<{ now: Date; dueInMs: number | null }> {
+    const rows = await this.run<{ now: Date; due_in_ms: number | null }>(null, 'scheduleDueIn', []);
+    const row = rows[0]!;
+    return { now: row.now, dueInMs: row.due_in_ms === null ? null : Number(row.due_in_ms) };
+  }
+
+  async fireDueSchedules(
+    limit: number,
+    plan: (rows: readonly ScheduleRow[], now: Date) => ScheduleFiring[],
+  ): Promise<ScheduleFiring[]> {
+    return this.driver.transaction(async (client) => {
+      const locked = await this.run<Row & { db_now: Date }>(client, 'scheduleLockDue', [limit]);
+      if (locked.length === 0) return [];
+      const rows = locked.map(toScheduleRow);
+      const firings = plan(rows, locked[0]!.db_now);
+      const lockedIds = new Set(rows.map((row) => row.id));
+      const stray = firings.find((firing) => !lockedIds.has(firing.id));
+      // Firing a schedule this transaction does not hold could fire a tick twice.
+      if (stray) throw new Error(`the firing plan named schedule '${stray.id}', which this round did not lock`);
+      // One enqueue per queue (the bulk statement takes one queue); a tick's key already in the
+      // queue returns the existing job, so a repeated tick never fails the round.
+      for (const jobs of jobsByQueue(firings.flatMap((firing) => firing.jobs))) await this.enqueueOn(jobs, client);
+      if (firings.length > 0) {
+        await this.run(client, 'scheduleAdvance', [
+          JSON.stringify(
+            firings.map((firing) => ({
+              id: firing.id,
+              next_run_at: firing.nextRunAt?.toISOString() ?? null,
+              last_tick: firing.lastTick?.toISOString() ?? null,
+              fired: firing.jobs.length > 0,
+            })),
+          ),
+        ]);
+      }
+      return firings;
+    });
+  }
+
+  async upsertSchedules(items: readonly ScheduleUpsert[], pruneSource?: ScheduleSource): Promise<void> {
+    // One entry per id (the last wins): a statement cannot update a row twice.
+    const byId = new Map(items.map((item) => [item.id, item]));
+    const rows = [...byId.values()]
+      .sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0))
+      .map((item) => ({
+        id: item.id,
+        queue: item.queue,
+        cron: item.cron,
+        timezone: item.timezone,
+        payload: item.payload,
+        options: item.options,
+        catch_up: item.catchUp,
+        source: item.source,
+        next_run_at: item.nextRunAt?.toISOString() ?? null,
+      }));
+    if (pruneSource === undefined) {
+      if (rows.length > 0) await this.driver.query(this.sql.scheduleUpsert, [JSON.stringify(rows)]);
+      return;
+    }
+    await this.driver.transaction(async (client) => {
+      if (rows.length > 0) await client.query(this.sql.scheduleUpsert, [JSON.stringify(rows)]);
+      await client.query(this.sql.schedulePrune, [pruneSource, rows.map((row) => row.id)]);
+    });
+  }
+
+  async getSchedule(id: string): Promise<ScheduleRow | null> {
+    const rows = await this.driver.query<Row>(this.sql.scheduleGet, [id]);
+    return rows.rows[0] ? toScheduleRow(rows.rows[0]) : null;
+  }
+
+  async listSchedules(): Promise<ScheduleRow[]> {
+    const rows = await this.driver.query<Row>(this.sql.scheduleList);
+    return rows.rows.map(toScheduleRow);
+  }
+
+  async deleteSchedule(id: string): Promise<boolean> {
+    const rows = await this.driver.query(this.sql.scheduleDelete, [id]);
+    return rows.rows.length > 0;
+  }
+
+  async setSchedulePaused(id: string, paused: boolean, nextRunAt: Date | null): Promise<boolean> {
+    const rows = await this.driver.query(this.sql.schedulePause, [id, paused, nextRunAt?.toISOString() ?? null]);
+    return rows.rows.length > 0;
+  }
+
   async ping(timeoutMs: number): Promise<void> {
     await withTimeout(this.driver.query('SELECT 1'), timeoutMs, 'database ping');
   }
@@ -793,6 +888,36 @@ function toQueueStats(queue: string, row: Record<string, unknown>): QueueStats {
 
 function ownedJson(items: readonly OwnedJob[]): string {
   return JSON.stringify(items.map((item) => ({ id: item.id, token: item.claimToken })));
+}
+
+/** Jobs split by queue, each list in its input order. */
+function jobsByQueue(jobs: readonly NewJob[]): NewJob[][] {
+  const byQueue = new Map<string, NewJob[]>();
+  for (const job of jobs) {
+    const list = byQueue.get(job.queue);
+    if (list) list.push(job);
+    else byQueue.set(job.queue, [job]);
+  }
+  return [...byQueue.values()];
+}
+
+function toScheduleRow(row: Row): ScheduleRow {
+  return {
+    id: row.id as string,
+    queue: row.queue as string,
+    cron: row.cron as string,
+    timezone: row.timezone as string,
+    payload: row.payload as string,
+    options: row.options as string,
+    catchUp: row.catch_up as ScheduleRow['catchUp'],
+    paused: row.paused as boolean,
+    source: row.source as ScheduleSource,
+    nextRunAt: (row.next_run_at as Date | null) ?? null,
+    lastRunAt: (row.last_run_at as Date | null) ?? null,
+    lastTick: (row.last_tick as Date | null) ?? null,
+    createdAt: row.created_at as Date,
+    updatedAt: row.updated_at as Date,
+  };
 }
 
 function toJobRecord(row: Row): JobRecord {
