@@ -67,7 +67,7 @@ describe('nestjs-sql-queue sql', () => {
 
   it('--from the latest version prints no migration but a valid, repeatable script', async () => {
     expect(PG_LATEST_VERSION).toBe(5);
-    expect(MSSQL_LATEST_VERSION).toBe(6);
+    expect(MSSQL_LATEST_VERSION).toBe(7);
     const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '5');
     expect(pg.code).toBe(0);
     expect(pg.stdout).toBe(pgInstallScript('demo', 5));
@@ -76,9 +76,9 @@ describe('nestjs-sql-queue sql', () => {
     expect(pg.stdout).toContain('BEGIN;');
     expect(pg.stdout).toContain('COMMIT;');
 
-    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '6');
+    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '7');
     expect(mssql.code).toBe(0);
-    expect(mssql.stdout).toBe(mssqlInstallScript('demo', 6));
+    expect(mssql.stdout).toBe(mssqlInstallScript('demo', 7));
     expect(mssql.stdout).not.toContain('INSERT INTO');
     expect(mssql.stdout).not.toContain('[Jobs]');
   });
@@ -177,8 +177,8 @@ describe('nestjs-sql-queue: bad command lines', () => {
       `--from ${PG_LATEST_VERSION + 1} is beyond the latest postgres schema version this package knows (${PG_LATEST_VERSION})`,
     );
     await expectUsageError(
-      ['sql', '--dialect', 'mssql', '--from', '7'],
-      `--from 7 is beyond the latest mssql schema version this package knows (${MSSQL_LATEST_VERSION})`,
+      ['sql', '--dialect', 'mssql', '--from', '8'],
+      `--from 8 is beyond the latest mssql schema version this package knows (${MSSQL_LATEST_VERSION})`,
     );
   });
 

@@ -13,8 +13,11 @@ import {
   CLAIMABLE_GROUP,
   WAITING_GROUP,
   MSSQL_CALLER_TRANSACTION_GONE,
+  MSSQL_NO_STORE_TRANSACTION,
   MSSQL_OPEN_TRANSACTION,
   MSSQL_STORE_SESSION,
+  MSSQL_STORE_TRANSACTION_SESSION,
+  UNPAUSED_SCHEDULE,
   mssqlQueries,
   UNFINISHED_GROUPED,
   type MssqlQueries,
@@ -86,10 +89,15 @@ describe('every T-SQL batch the SQL Server store emits parses as T-SQL', () => {
 const CALLER_TRANSACTION_STATEMENTS = new Set(['enqueueOne', 'enqueueMany', 'enqueueOneGrouped', 'enqueueManyGrouped']);
 /** A bare readiness round trip; it changes nothing and must work on any connection. */
 const PLAIN_STATEMENTS = new Set(['ping']);
+/** Run inside the store's own transaction (fireDueSchedules), opened with MSSQL_STORE_TRANSACTION_SESSION. */
+const STORE_TRANSACTION_STATEMENTS = new Set(['scheduleLockDue', 'scheduleAdvance']);
 
 function storeOwned(schema = 'sqlqueue'): [string, string][] {
   return Object.entries(mssqlQueries(schema)).filter(
-    ([name]) => !CALLER_TRANSACTION_STATEMENTS.has(name) && !PLAIN_STATEMENTS.has(name),
+    ([name]) =>
+      !CALLER_TRANSACTION_STATEMENTS.has(name) &&
+      !PLAIN_STATEMENTS.has(name) &&
+      !STORE_TRANSACTION_STATEMENTS.has(name),
   );
 }
 
@@ -250,8 +258,14 @@ function dmlTargets(text: string): DmlTarget[] {
   for (const m of text.matchAll(/\bUPDATE\s+(\S+)/g)) {
     const target = m[1]!;
     const statement = statementAt(m.index!);
-    // A table variable (@keys, @heads) or another table of the schema (QueueSettings): not in the claim path.
+    // A table variable (@keys, @heads) or another table of the schema (QueueSettings, Schedules): not in the claim path.
     if (new RegExp(String.raw`\bFROM\s+@\w+\s+AS\s+${target}\b`).test(statement)) continue;
+    if (
+      new RegExp(String.raw`\bFROM\s+\[sqlqueue\]\.\[(?!(?:Jobs|Attempts|Groups)\])\w+\]\s+AS\s+${target}\b`).test(
+        statement,
+      )
+    )
+      continue;
     if (new RegExp(`^${WRITTEN}$`).test(target)) {
       targets.push({
         statement: m[0],
@@ -950,5 +964,132 @@ describe('ordered groups (issue 11)', () => {
       'repairGroup',
     ];
     for (const name of names) expect(queries[name]).toMatch(/\S/);
+  });
+});
+
+describe('recurring jobs (issue 13)', () => {
+  const queries = mssqlQueries('sqlqueue');
+  const indexes = indexesAfterMigrations();
+  const schedules = '[sqlqueue].[Schedules]';
+  /** Each INSERT, UPDATE and DELETE of Schedules (direct, or through an alias), with the hints on its table reference. */
+  const writes = (text: string) => {
+    const found: { statement: string; hints: string; joined: boolean }[] = [];
+    const direct = /\b(?:UPDATE|DELETE FROM|INSERT INTO) \[sqlqueue\]\.\[Schedules\](?: WITH \(([^)]*)\))?/g;
+    for (const m of text.matchAll(direct)) found.push({ statement: m[0], hints: m[1] ?? '', joined: false });
+    for (const m of text.matchAll(/\b(UPDATE|DELETE) (\w+)\b/g)) {
+      if (m[2] === 'FROM') continue;
+      const statement = text.slice(m.index!, text.indexOf(';', m.index!));
+      const ref = new RegExp(String.raw`FROM \[sqlqueue\]\.\[Schedules\] AS ${m[2]}(?: WITH \(([^)]*)\))?`).exec(
+        statement,
+      );
+      if (ref)
+        found.push({ statement: `${m[1]} ${m[2]}`, hints: ref[1] ?? '', joined: /INNER JOIN @\w+/.test(statement) });
+    }
+    return found;
+  };
+
+  it('version 7 creates Schedules and the due index the fire statement and the idle poll read', () => {
+    const v7 = MSSQL_MIGRATIONS.find((m) => m.version === 7)!;
+    expect(v7.description).toBe('recurring jobs');
+    expect(indexes.get('IX_Schedules_Due')).toEqual({
+      table: 'Schedules',
+      keys: ['NextRunAt', 'Id'],
+      include: [],
+      filter: UNPAUSED_SCHEDULE,
+    });
+    const batches = v7.batches('sqlqueue');
+    const table = batches.find((b) => b.startsWith(`CREATE TABLE ${schedules}`))!;
+    expect(table).toContain('CONSTRAINT [PK_Schedules] PRIMARY KEY CLUSTERED ([Id])');
+    expect(table).toContain("CONSTRAINT [CK_Schedules_CatchUp] CHECK ([CatchUp] IN ('none', 'last', 'all'))");
+    expect(table).toContain("CONSTRAINT [CK_Schedules_Source] CHECK ([Source] IN ('options', 'api'))");
+    expect(table).toContain('[Id] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL');
+    expect(batches).toContain(`ALTER TABLE ${schedules} SET (LOCK_ESCALATION = DISABLE);`);
+  });
+
+  it('the statements of the store transaction refuse to run outside one, then pin the session', () => {
+    const lines = MSSQL_STORE_TRANSACTION_SESSION.trim().split('\n');
+    expect(lines[0]).toBe('IF @@TRANCOUNT = 0');
+    expect(lines[1]).toMatch(new RegExp(`^\\s+THROW ${MSSQL_NO_STORE_TRANSACTION}, N'nestjs-sql-queue: .+', 1;$`));
+    expect(lines.slice(2)).toEqual([
+      'SET NOCOUNT ON;',
+      'SET IMPLICIT_TRANSACTIONS OFF;',
+      'SET ROWCOUNT 0;',
+      'SET DEADLOCK_PRIORITY LOW;',
+    ]);
+    for (const name of ['scheduleLockDue', 'scheduleAdvance'] as const) {
+      const text = queries[name];
+      expect(text.startsWith(MSSQL_STORE_TRANSACTION_SESSION), name).toBe(true);
+      expect(text.slice(MSSQL_STORE_TRANSACTION_SESSION.length), name).not.toMatch(/\bSET\s+(?!@|\[)[A-Z_]+/);
+      expect(text, name).not.toMatch(/\b(?:BEGIN|COMMIT|ROLLBACK) TRANSACTION\b/);
+    }
+    expect(checkTsqlWithKnownGaps(MSSQL_STORE_TRANSACTION_SESSION).errors).toEqual([]);
+  });
+
+  it('the fire statement locks due schedules with the claim hints, in the due index order, and stops after @limit', () => {
+    const text = queries.scheduleLockDue;
+    expect(text).toContain(`FROM ${schedules} WITH (UPDLOCK, READPAST, READCOMMITTEDLOCK)`);
+    expect(text).toContain(`WHERE ${UNPAUSED_SCHEDULE} AND [NextRunAt] <= @now\nORDER BY [NextRunAt], [Id];`);
+    expect(text).toMatch(/SELECT TOP \(@limit\) /);
+    // The round's time is read once and returned with the rows (plan's now, scheduleAdvance's @now).
+    expect(text).toContain('DECLARE @now datetime2(3) = SYSUTCDATETIME();');
+    expect(text).toContain('@now AS [Now]');
+  });
+
+  it('the idle poll reads past locked rows through the due index', () => {
+    const text = queries.scheduleDueIn;
+    expect(text.startsWith(MSSQL_STORE_SESSION)).toBe(true);
+    expect(text).toContain(`FROM ${schedules} WITH (READPAST, READCOMMITTEDLOCK)\nWHERE ${UNPAUSED_SCHEDULE};`);
+    expect(text).toContain('DATEDIFF_BIG(millisecond, @now, MIN([NextRunAt])) AS [DueInMs]');
+  });
+
+  it('every write to Schedules takes row locks; the ones joined to a table type seek each row', () => {
+    const found = Object.entries(queries).flatMap(([name, text]) => writes(text).map((w) => ({ name, ...w })));
+    expect(found.map((w) => w.name).sort()).toEqual(
+      [
+        'scheduleAdvance',
+        'scheduleDelete',
+        'schedulePause',
+        'scheduleUpsert',
+        'scheduleUpsert',
+        'scheduleUpsert',
+      ].sort(),
+    );
+    for (const w of found) {
+      expect(w.hints, `${w.name}: ${w.statement}`).toBe(w.joined ? 'ROWLOCK, FORCESEEK' : 'ROWLOCK');
+    }
+    for (const name of ['scheduleAdvance', 'scheduleUpsert'] as const) {
+      expect(queries[name]).toContain(`FROM ${schedules} AS s WITH (ROWLOCK, FORCESEEK)\n`);
+    }
+  });
+
+  it('upsert: per-id application locks in one order before the update and the insert, never MERGE or a range lock', () => {
+    const text = queries.scheduleUpsert;
+    expect(text).not.toMatch(/\bMERGE\b|HOLDLOCK|SERIALIZABLE/);
+    expect(text).toContain(
+      "SELECT DISTINCT N'nestjs-sql-queue:schedule:' + CONVERT(nvarchar(64), HASHBYTES('SHA2_256', CONCAT(N'sqlqueue/', i.[Id])), 2) AS [Resource]",
+    );
+    expect(text).toContain('SELECT ROW_NUMBER() OVER (ORDER BY r.[Resource]), r.[Resource]');
+    const begin = text.indexOf('BEGIN TRANSACTION;');
+    const lock = text.indexOf(
+      "EXEC @lock = sys.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction';",
+    );
+    const update = text.indexOf('UPDATE s');
+    const insert = text.indexOf(`INSERT INTO ${schedules} WITH (ROWLOCK)`);
+    const prune = text.indexOf('IF @prune IS NOT NULL');
+    expect([begin < lock, lock < update, update < insert, insert < prune]).toEqual([true, true, true, true]);
+    expect(text).toContain(
+      `WHERE NOT EXISTS (SELECT 1 FROM ${schedules} AS e WITH (READCOMMITTEDLOCK) WHERE e.[Id] = i.[Id]);`,
+    );
+    // The changed-timing rule: NextRunAt moves only when cron or time zone changed; Paused is never set.
+    expect(text).toContain(
+      '[NextRunAt] = CASE WHEN s.[Cron] <> i.[Cron] OR s.[Timezone] <> i.[Timezone] THEN i.[NextRunAt] ELSE s.[NextRunAt] END',
+    );
+    expect(text).not.toContain('[Paused] =');
+  });
+
+  it('a resume takes the new next run only for a paused schedule', () => {
+    expect(queries.schedulePause).toContain(
+      'SET [NextRunAt] = CASE WHEN [Paused] = 1 AND @paused = 0 THEN @nextRunAt ELSE [NextRunAt] END',
+    );
   });
 });

@@ -364,6 +364,60 @@ WHERE h.[Nth] = 1;`,
       ];
     },
   },
+  {
+    version: 7,
+    description: 'recurring jobs',
+    // Issue 13. One row per schedule. Id, Queue, Cron and Timezone compare in binary, as in
+    // PostgreSQL ('Report' and 'report' are two schedules; a cron or zone that differs only in
+    // case counts as a changed timing). NextRunAt is null when the expression has no later tick.
+    // The fire statement and the idle poll read IX_Schedules_Due (unpaused rows that have a next
+    // tick, in NextRunAt order) and name its filter literally. Two table types carry an upsert's
+    // schedules and a fire's advances in one round trip each.
+    batches: (schema) => {
+      const s = quoteMssqlIdentifier(schema);
+      return [
+        `CREATE TABLE ${s}.[Schedules] (
+  [Id] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [Cron] nvarchar(256) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [Timezone] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [Payload] nvarchar(max) NOT NULL,
+  [Options] nvarchar(max) NOT NULL,
+  [CatchUp] varchar(4) NOT NULL,
+  [Paused] bit NOT NULL CONSTRAINT [DF_Schedules_Paused] DEFAULT (0),
+  [Source] varchar(7) NOT NULL,
+  [NextRunAt] datetime2(3) NULL,
+  [LastRunAt] datetime2(3) NULL,
+  [LastTick] datetime2(3) NULL,
+  [CreatedAt] datetime2(3) NOT NULL CONSTRAINT [DF_Schedules_CreatedAt] DEFAULT (SYSUTCDATETIME()),
+  [UpdatedAt] datetime2(3) NOT NULL CONSTRAINT [DF_Schedules_UpdatedAt] DEFAULT (SYSUTCDATETIME()),
+  CONSTRAINT [PK_Schedules] PRIMARY KEY CLUSTERED ([Id]),
+  CONSTRAINT [CK_Schedules_CatchUp] CHECK ([CatchUp] IN ('none', 'last', 'all')),
+  CONSTRAINT [CK_Schedules_Source] CHECK ([Source] IN ('options', 'api'))
+);`,
+        // As Jobs: a table lock is the one lock the fire statement's READPAST cannot skip.
+        `ALTER TABLE ${s}.[Schedules] SET (LOCK_ESCALATION = DISABLE);`,
+        `CREATE NONCLUSTERED INDEX [IX_Schedules_Due] ON ${s}.[Schedules] ([NextRunAt], [Id]) WHERE [Paused] = 0 AND [NextRunAt] IS NOT NULL;`,
+        `CREATE TYPE ${s}.[ScheduleUpsertList] AS TABLE (
+  [Id] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY,
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [Cron] nvarchar(256) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [Timezone] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [Payload] nvarchar(max) NOT NULL,
+  [Options] nvarchar(max) NOT NULL,
+  [CatchUp] varchar(4) NOT NULL,
+  [Source] varchar(7) NOT NULL,
+  [NextRunAt] datetime2(3) NULL
+);`,
+        `CREATE TYPE ${s}.[ScheduleAdvanceList] AS TABLE (
+  [Id] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY,
+  [NextRunAt] datetime2(3) NULL,
+  [LastTick] datetime2(3) NULL,
+  [Fired] bit NOT NULL
+);`,
+      ];
+    },
+  },
 ];
 
 export const MSSQL_LATEST_VERSION = MSSQL_MIGRATIONS[MSSQL_MIGRATIONS.length - 1]!.version;

@@ -28,6 +28,13 @@ import type {
   QueueStats,
   ReapedJob,
 } from '../../core/types.js';
+import type {
+  ScheduleFiring,
+  ScheduleRow,
+  ScheduleSource,
+  ScheduleStore,
+  ScheduleUpsert,
+} from '../../core/schedules/schedule.types.js';
 import { assertSchemaName, INT_MAX, settingsByQueue } from '../../core/validation.js';
 import { withTimeout } from '../../core/timeout.js';
 import { errorNumber, isLockConflict, isTransientMssqlError } from './mssql.errors.js';
@@ -43,6 +50,7 @@ import {
 } from './mssql.migrations.js';
 import {
   MSSQL_CALLER_TRANSACTION_GONE,
+  MSSQL_NO_STORE_TRANSACTION,
   MSSQL_OPEN_TRANSACTION,
   MSSQL_TABLE_TYPES,
   mssqlQueries,
@@ -84,7 +92,7 @@ interface SweepCursor {
 type Row = Record<string, unknown>;
 type Bind = (request: sql.Request) => void;
 
-export class MssqlQueueStore implements QueueStore {
+export class MssqlQueueStore implements QueueStore, ScheduleStore {
   readonly dialect = 'mssql';
   private readonly sql: MssqlQueries;
   private connecting: Promise<sql.ConnectionPool> | null = null;
@@ -525,6 +533,132 @@ export class MssqlQueueStore implements QueueStore {
     return total;
   }
 
+  async scheduleDueIn(): Promise<{ now: Date; dueInMs: number | null }> {
+    const [row] = await this.run<{ Now: Date; DueInMs: string | number | null }>('scheduleDueIn', () => undefined);
+    return { now: row!.Now, dueInMs: row!.DueInMs === null ? null : Number(row!.DueInMs) };
+  }
+
+  /**
+   * One transaction of the store's own (READ COMMITTED, as migrate opens one): the due schedules
+   * are locked (scheduleLockDue), `plan` decides from them and the database's now, the firings'
+   * jobs go through enqueue's own path with this transaction (as a caller's transaction: a
+   * tick's idempotency key already in its queue returns the existing job under the key's lock,
+   * so a repeated tick never fails the round, and grouped jobs join their groups), the
+   * schedules advance, and it commits. Any error rolls it all back (nothing fired) and is
+   * rethrown; a deadlock victim's transaction is already rolled back by the server. No retry
+   * here: the scheduler's next round fires what this one did not.
+   */
+  async fireDueSchedules(
+    limit: number,
+    plan: (rows: readonly ScheduleRow[], now: Date) => ScheduleFiring[],
+  ): Promise<ScheduleFiring[]> {
+    const pool = await this.connected();
+    const transaction = new sql.Transaction(pool);
+    await transaction.begin(sql.ISOLATION_LEVEL.READ_COMMITTED);
+    try {
+      const locked = await this.run<Row & { Now: Date }>(
+        'scheduleLockDue',
+        (r) => r.input('limit', sql.Int, Math.max(1, Math.min(Math.floor(limit), INT_MAX))),
+        transaction,
+      );
+      if (locked.length === 0) {
+        await transaction.commit();
+        return [];
+      }
+      const now = locked[0]!.Now;
+      const rows = locked.map(toScheduleRow);
+      const firings = plan(rows, now);
+      const lockedIds = new Set(rows.map((row) => row.id));
+      const stray = firings.find((firing) => !lockedIds.has(firing.id));
+      // Firing a schedule this transaction does not hold could fire a tick twice.
+      if (stray) throw new Error(`the firing plan named schedule '${stray.id}', which this round did not lock`);
+      const jobs = firings.flatMap((firing) => firing.jobs);
+      // One statement for every queue: the bulk enqueue takes each job's queue from its row.
+      if (jobs.length > 0) await this.enqueue(jobs, transaction);
+      if (firings.length > 0) {
+        const table = new sql.Table(`${this.schema}.${MSSQL_TABLE_TYPES.scheduleAdvance}`);
+        table.columns.add('Id', sql.NVarChar(128), { nullable: false });
+        table.columns.add('NextRunAt', sql.DateTime2(3), { nullable: true });
+        table.columns.add('LastTick', sql.DateTime2(3), { nullable: true });
+        table.columns.add('Fired', sql.Bit, { nullable: false });
+        for (const firing of uniqueById(firings)) {
+          table.rows.add(firing.id, firing.nextRunAt, firing.lastTick, firing.jobs.length > 0);
+        }
+        await this.run(
+          'scheduleAdvance',
+          (r) => r.input('items', table).input('now', sql.DateTime2(3), now),
+          transaction,
+        );
+      }
+      await transaction.commit();
+      return firings;
+    } catch (error) {
+      await transaction.rollback().catch(() => undefined);
+      throw error;
+    }
+  }
+
+  /**
+   * One batch, in a transaction of its own (scheduleUpsert): the ids' application locks, then
+   * update or insert, then the prune. A repeated id keeps its last entry (one row per id in the
+   * table type). Retried in place on a deadlock or refused lock, like every store statement.
+   */
+  async upsertSchedules(items: readonly ScheduleUpsert[], pruneSource?: ScheduleSource): Promise<void> {
+    const byId = new Map(items.map((item) => [item.id, item]));
+    if (byId.size === 0 && pruneSource === undefined) return;
+    const table = new sql.Table(`${this.schema}.${MSSQL_TABLE_TYPES.scheduleUpsert}`);
+    table.columns.add('Id', sql.NVarChar(128), { nullable: false });
+    table.columns.add('Queue', sql.NVarChar(128), { nullable: false });
+    table.columns.add('Cron', sql.NVarChar(256), { nullable: false });
+    table.columns.add('Timezone', sql.NVarChar(128), { nullable: false });
+    table.columns.add('Payload', sql.NVarChar(sql.MAX), { nullable: false });
+    table.columns.add('Options', sql.NVarChar(sql.MAX), { nullable: false });
+    table.columns.add('CatchUp', sql.VarChar(4), { nullable: false });
+    table.columns.add('Source', sql.VarChar(7), { nullable: false });
+    table.columns.add('NextRunAt', sql.DateTime2(3), { nullable: true });
+    for (const item of byId.values()) {
+      table.rows.add(
+        item.id,
+        item.queue,
+        item.cron,
+        item.timezone,
+        item.payload,
+        item.options,
+        item.catchUp,
+        item.source,
+        item.nextRunAt,
+      );
+    }
+    await this.run('scheduleUpsert', (r) =>
+      r.input('items', table).input('prune', sql.VarChar(7), pruneSource ?? null),
+    );
+  }
+
+  async getSchedule(id: string): Promise<ScheduleRow | null> {
+    const rows = await this.run<Row>('scheduleGet', (r) => r.input('id', sql.NVarChar(128), id));
+    return rows[0] ? toScheduleRow(rows[0]) : null;
+  }
+
+  async listSchedules(): Promise<ScheduleRow[]> {
+    const rows = await this.run<Row>('scheduleList', () => undefined);
+    return rows.map(toScheduleRow);
+  }
+
+  async deleteSchedule(id: string): Promise<boolean> {
+    const rows = await this.run<{ Existed: boolean }>('scheduleDelete', (r) => r.input('id', sql.NVarChar(128), id));
+    return Boolean(rows[0]?.Existed);
+  }
+
+  async setSchedulePaused(id: string, paused: boolean, nextRunAt: Date | null): Promise<boolean> {
+    const rows = await this.run<{ Existed: boolean }>('schedulePause', (r) =>
+      r
+        .input('id', sql.NVarChar(128), id)
+        .input('paused', sql.Bit, paused)
+        .input('nextRunAt', sql.DateTime2(3), nextRunAt),
+    );
+    return Boolean(rows[0]?.Existed);
+  }
+
   async ping(timeoutMs: number): Promise<void> {
     await withTimeout(
       this.connected().then((pool) => pool.request().query(this.sql.ping)),
@@ -564,6 +698,12 @@ export class MssqlQueueStore implements QueueStore {
         if (errorNumber(error) === MSSQL_OPEN_TRANSACTION) {
           throw new SqlQueueTransactionError(
             `${name} refused: the store's connection has an open transaction (left open on a shared pool?); the store runs ${name} in autocommit so its locks end with the statement`,
+            { cause: error },
+          );
+        }
+        if (errorNumber(error) === MSSQL_NO_STORE_TRANSACTION) {
+          throw new SqlQueueTransactionError(
+            `${name} refused: it runs in the store's own transaction, and its connection had none (mssql handed the request a connection outside the transaction?)`,
             { cause: error },
           );
         }
@@ -638,6 +778,25 @@ function toQueueStats(queue: string, row: Record<string, unknown>): QueueStats {
     retrying: Number(row.Retrying),
     blockedGroups: Number(row.BlockedGroups),
     oldestReadyAgeMs: Math.max(0, Number(row.OldestReadyAgeMs ?? 0)),
+  };
+}
+
+function toScheduleRow(row: Row): ScheduleRow {
+  return {
+    id: row.Id as string,
+    queue: row.Queue as string,
+    cron: row.Cron as string,
+    timezone: row.Timezone as string,
+    payload: row.Payload as string,
+    options: row.Options as string,
+    catchUp: row.CatchUp as ScheduleRow['catchUp'],
+    paused: Boolean(row.Paused),
+    source: row.Source as ScheduleSource,
+    nextRunAt: (row.NextRunAt as Date | null) ?? null,
+    lastRunAt: (row.LastRunAt as Date | null) ?? null,
+    lastTick: (row.LastTick as Date | null) ?? null,
+    createdAt: row.CreatedAt as Date,
+    updatedAt: row.UpdatedAt as Date,
   };
 }
 
