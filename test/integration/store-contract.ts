@@ -1,6 +1,12 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { SqlQueueConfigError, SqlQueueSchemaError, SqlQueueValidationError } from '../../lib/src/core/errors.js';
 import type { QueueStore } from '../../lib/src/core/queue-store.js';
+import type {
+  ScheduleFiring,
+  ScheduleRow,
+  ScheduleStore,
+  ScheduleUpsert,
+} from '../../lib/src/core/schedules/schedule.types.js';
 import type { ClaimedJob, EnqueueOptions, NewJob } from '../../lib/src/core/types.js';
 import { withTimeout } from '../../lib/src/core/timeout.js';
 import { prepareJob } from '../../lib/src/core/validation.js';
@@ -1518,6 +1524,389 @@ export function describeStoreContract(target: StoreTarget): void {
         await store.complete(owned(retried));
         expect(idsOf(await units(queue, 10))).toEqual([behind]);
         await expectNothingToRepair(queue);
+      });
+    });
+
+    describe('recurring jobs (schedules)', () => {
+      const HOUR = 3_600_000;
+      /** The store under its schedule port (until QueueStore extends ScheduleStore). */
+      const schedules = (on: QueueStore = store) => on as QueueStore & ScheduleStore;
+      let scheduleSeq = 0;
+      const newScheduleId = (label: string) => `${label}.${++scheduleSeq}`;
+
+      /** The database's clock: schedule times are set relative to it, never to this process's. */
+      const dbNow = async () => (await schedules().scheduleDueIn()).now;
+      const later = (at: Date, ms: number) => new Date(at.getTime() + ms);
+      const tickKey = (id: string, tick: Date) => `schedule:${id}:${tick.toISOString()}`;
+
+      function upsert(id: string, fields: Partial<ScheduleUpsert> & { queue: string }): ScheduleUpsert {
+        return {
+          id,
+          cron: '0 * * * *',
+          timezone: 'UTC',
+          payload: '{"n":1}',
+          options: '{}',
+          catchUp: 'last',
+          source: 'api',
+          nextRunAt: null,
+          ...fields,
+        };
+      }
+
+      /** A tick's job as core builds it: the row's queue and payload, keyed by schedule and tick. */
+      function tickJob(row: ScheduleRow, tick: Date): NewJob {
+        return keyed(job(row.queue, JSON.parse(row.payload), JSON.parse(row.options) as EnqueueOptions), row.id, tick);
+      }
+
+      /** The job with a tick's key, which only the scheduler gives (an enqueue call may not). */
+      const keyed = (newJob: NewJob, id: string, tick: Date): NewJob => ({
+        ...newJob,
+        idempotencyKey: tickKey(id, tick),
+      });
+
+      /** Fires each due row's tick (its next_run_at) and moves it an hour past now. */
+      const fireNext = (rows: readonly ScheduleRow[], now: Date): ScheduleFiring[] =>
+        rows.map((row) => ({
+          id: row.id,
+          jobs: [tickJob(row, row.nextRunAt!)],
+          nextRunAt: later(now, HOUR),
+          lastTick: row.nextRunAt,
+        }));
+
+      beforeEach(async () => {
+        // fireDueSchedules reads every queue's schedules: each test starts with none.
+        for (const row of await schedules().listSchedules()) await schedules().deleteSchedule(row.id);
+      });
+
+      it('upsert inserts, then updates by id: an unchanged timing keeps next_run_at, a changed cron or time zone takes the new one', async () => {
+        const id = newScheduleId('report.daily');
+        const queue = newQueue('sched-upsert');
+        const now = await dbNow();
+        const first = later(now, HOUR);
+        await schedules().upsertSchedules([upsert(id, { queue, nextRunAt: first, source: 'options' })]);
+        const inserted = await schedules().getSchedule(id);
+        expect(inserted).toMatchObject({
+          id,
+          queue,
+          cron: '0 * * * *',
+          timezone: 'UTC',
+          payload: '{"n":1}',
+          options: '{}',
+          catchUp: 'last',
+          paused: false,
+          source: 'options',
+          lastRunAt: null,
+          lastTick: null,
+        });
+        expect(inserted!.nextRunAt!.getTime()).toBe(first.getTime());
+        expect(inserted!.createdAt).toBeInstanceOf(Date);
+        expect(inserted!.updatedAt).toBeInstanceOf(Date);
+
+        // Same timing: everything else is updated, next_run_at is kept (the given one ignored).
+        const queue2 = newQueue('sched-upsert-moved');
+        await schedules().upsertSchedules([
+          upsert(id, {
+            queue: queue2,
+            payload: '{"n":2}',
+            options: '{"priority":5}',
+            catchUp: 'all',
+            source: 'api',
+            nextRunAt: later(now, 2 * HOUR),
+          }),
+        ]);
+        const updated = await schedules().getSchedule(id);
+        expect(updated).toMatchObject({
+          queue: queue2,
+          payload: '{"n":2}',
+          options: '{"priority":5}',
+          catchUp: 'all',
+          source: 'api',
+        });
+        expect(updated!.nextRunAt!.getTime()).toBe(first.getTime());
+        expect(updated!.createdAt.getTime()).toBe(inserted!.createdAt.getTime());
+
+        // A changed cron takes the new next_run_at; so does a changed time zone.
+        const second = later(now, 3 * HOUR);
+        await schedules().upsertSchedules([upsert(id, { queue: queue2, cron: '30 * * * *', nextRunAt: second })]);
+        expect(await schedules().getSchedule(id)).toMatchObject({ cron: '30 * * * *', nextRunAt: second });
+        const third = later(now, 4 * HOUR);
+        await schedules().upsertSchedules([
+          upsert(id, { queue: queue2, cron: '30 * * * *', timezone: 'Europe/Stockholm', nextRunAt: third }),
+        ]);
+        expect(await schedules().getSchedule(id)).toMatchObject({ timezone: 'Europe/Stockholm', nextRunAt: third });
+        // An expression with no later tick has no next run.
+        await schedules().upsertSchedules([upsert(id, { queue: queue2, cron: '0 0 30 2 *', nextRunAt: null })]);
+        expect(await schedules().getSchedule(id)).toMatchObject({ cron: '0 0 30 2 *', nextRunAt: null });
+
+        // A paused schedule stays paused through an upsert, even one that changes its timing.
+        expect(await schedules().setSchedulePaused(id, true, null)).toBe(true);
+        await schedules().upsertSchedules([upsert(id, { queue: queue2, cron: '15 * * * *', nextRunAt: first })]);
+        expect(await schedules().getSchedule(id)).toMatchObject({ paused: true, cron: '15 * * * *' });
+      });
+
+      it('prunes the schedules of the given source that the list leaves out, never those of the other source', async () => {
+        const queue = newQueue('sched-prune');
+        const [a, b, c] = [newScheduleId('prune-a'), newScheduleId('prune-b'), newScheduleId('prune-c')];
+        await schedules().upsertSchedules([
+          upsert(a, { queue, source: 'options' }),
+          upsert(b, { queue, source: 'options' }),
+          upsert(c, { queue, source: 'api' }),
+        ]);
+        await schedules().upsertSchedules([upsert(a, { queue, source: 'options' })], 'options');
+        expect((await schedules().listSchedules()).map((row) => row.id).sort()).toEqual([a, c].sort());
+        await schedules().upsertSchedules([], 'options');
+        expect((await schedules().listSchedules()).map((row) => row.id)).toEqual([c]);
+      });
+
+      it('processes upserting the same schedules at once, in crossing orders, leave one row per id', async () => {
+        const queue = newQueue('sched-race');
+        const [x, y] = [newScheduleId('race-x'), newScheduleId('race-y')];
+        const processes = await openExtra(4);
+        const next = later(await dbNow(), HOUR);
+        for (let round = 0; round < 5; round++) {
+          await Promise.all(
+            processes.map((p, i) => {
+              const items = [upsert(x, { queue, nextRunAt: next }), upsert(y, { queue, nextRunAt: next })];
+              return schedules(p).upsertSchedules(i % 2 === 0 ? items : items.reverse(), 'api');
+            }),
+          );
+        }
+        const rows = await schedules().listSchedules();
+        expect(rows.map((row) => row.id).sort()).toEqual([x, y].sort());
+      });
+
+      it('scheduleDueIn: null with no schedule to run, > 0 before the earliest is due, <= 0 once it is', async () => {
+        const queue = newQueue('sched-duein');
+        const none = await schedules().scheduleDueIn();
+        expect(none.now).toBeInstanceOf(Date);
+        expect(none.dueInMs).toBeNull();
+
+        const now = await dbNow();
+        // Paused, or with no later tick: never due.
+        const [paused, ended] = [newScheduleId('duein-paused'), newScheduleId('duein-ended')];
+        await schedules().upsertSchedules([
+          upsert(paused, { queue, nextRunAt: later(now, -HOUR) }),
+          upsert(ended, { queue, nextRunAt: null }),
+        ]);
+        await schedules().setSchedulePaused(paused, true, null);
+        expect((await schedules().scheduleDueIn()).dueInMs).toBeNull();
+
+        await schedules().upsertSchedules([
+          upsert(newScheduleId('duein-later'), { queue, nextRunAt: later(now, HOUR) }),
+        ]);
+        const waiting = await schedules().scheduleDueIn();
+        expect(waiting.dueInMs).toBeGreaterThan(HOUR - 60_000);
+        expect(waiting.dueInMs).toBeLessThanOrEqual(HOUR);
+
+        await schedules().upsertSchedules([
+          upsert(newScheduleId('duein-due'), { queue, nextRunAt: later(now, -1000) }),
+        ]);
+        expect((await schedules().scheduleDueIn()).dueInMs).toBeLessThanOrEqual(0);
+      });
+
+      it("fireDueSchedules enqueues the plan's jobs and advances the schedule in one transaction", async () => {
+        const queue = newQueue('sched-fire');
+        const [due, notDue, paused] = [
+          newScheduleId('fire-due'),
+          newScheduleId('fire-later'),
+          newScheduleId('fire-paused'),
+        ];
+        const now = await dbNow();
+        const tick = later(now, -1000);
+        await schedules().upsertSchedules([
+          upsert(due, { queue, payload: '{"report":"daily"}', options: '{"priority":4}', nextRunAt: tick }),
+          upsert(notDue, { queue, nextRunAt: later(now, HOUR) }),
+          upsert(paused, { queue, nextRunAt: tick }),
+        ]);
+        await schedules().setSchedulePaused(paused, true, null);
+
+        const seen: { rows: ScheduleRow[]; now: Date }[] = [];
+        const fired = await schedules().fireDueSchedules(10, (rows, at) => {
+          seen.push({ rows: [...rows], now: at });
+          return fireNext(rows, at);
+        });
+        expect(seen).toHaveLength(1);
+        const [{ rows, now: planNow }] = seen as [{ rows: ScheduleRow[]; now: Date }];
+        expect(rows.map((row) => row.id)).toEqual([due]);
+        expect(rows[0]).toMatchObject({
+          queue,
+          payload: '{"report":"daily"}',
+          options: '{"priority":4}',
+          paused: false,
+        });
+        expect(rows[0]!.nextRunAt!.getTime()).toBe(tick.getTime());
+        expect(planNow.getTime()).toBeGreaterThanOrEqual(tick.getTime());
+        expect(fired.map((firing) => firing.id)).toEqual([due]);
+
+        const claimed = await claimOne(queue);
+        expect(claimed).toMatchObject({
+          payload: { report: 'daily' },
+          priority: 4,
+          idempotencyKey: tickKey(due, tick),
+        });
+        const record = await schedules().getSchedule(due);
+        expect(record!.nextRunAt!.getTime()).toBe(later(planNow, HOUR).getTime());
+        expect(record!.lastTick!.getTime()).toBe(tick.getTime());
+        expect(record!.lastRunAt!.getTime()).toBeGreaterThanOrEqual(tick.getTime());
+        expect(record!.lastRunAt!.getTime()).toBeLessThan(later(planNow, 60_000).getTime());
+
+        // Advanced: nothing is due any more, and a second round fires nothing.
+        expect((await schedules().scheduleDueIn()).dueInMs).toBeGreaterThan(0);
+        expect(await schedules().fireDueSchedules(10, fireNext)).toEqual([]);
+        expect((await store.stats(queue)).ready).toBe(0);
+        expect((await schedules().getSchedule(notDue))!.lastRunAt).toBeNull();
+        expect((await schedules().getSchedule(paused))!.lastRunAt).toBeNull();
+      });
+
+      it('locks at most `limit` schedules per round, the earliest due first', async () => {
+        const queue = newQueue('sched-limit');
+        const now = await dbNow();
+        const ids = [3, 1, 2].map((minutes) => ({
+          id: newScheduleId(`limit-${minutes}`),
+          at: later(now, -minutes * 60_000),
+        }));
+        await schedules().upsertSchedules(ids.map(({ id, at }) => upsert(id, { queue, nextRunAt: at })));
+        const byAge = [...ids].sort((a, b) => a.at.getTime() - b.at.getTime()).map(({ id }) => id);
+        const first = await schedules().fireDueSchedules(2, fireNext);
+        expect(first.map((firing) => firing.id)).toEqual(byAge.slice(0, 2));
+        const second = await schedules().fireDueSchedules(2, fireNext);
+        expect(second.map((firing) => firing.id)).toEqual(byAge.slice(2));
+        expect((await store.stats(queue)).ready).toBe(3);
+      });
+
+      it('a plan that throws leaves nothing enqueued and nothing advanced; the next round fires', async () => {
+        const queue = newQueue('sched-throw');
+        const id = newScheduleId('throw');
+        const tick = later(await dbNow(), -1000);
+        await schedules().upsertSchedules([upsert(id, { queue, nextRunAt: tick })]);
+        await expect(
+          schedules().fireDueSchedules(10, () => {
+            throw new Error('plan failed');
+          }),
+        ).rejects.toThrow('plan failed');
+        expect((await store.stats(queue)).ready).toBe(0);
+        const kept = await schedules().getSchedule(id);
+        expect(kept!.nextRunAt!.getTime()).toBe(tick.getTime());
+        expect(kept!.lastRunAt).toBeNull();
+        // The lock went with the rollback.
+        expect((await schedules().fireDueSchedules(10, fireNext)).map((firing) => firing.id)).toEqual([id]);
+        expect((await store.stats(queue)).ready).toBe(1);
+      });
+
+      it('a tick whose key is already in the queue returns the existing job and does not fail the firing', async () => {
+        const queue = newQueue('sched-dup');
+        const id = newScheduleId('dup');
+        const now = await dbNow();
+        const [missed, tick] = [later(now, -2 * 60_000), later(now, -60_000)];
+        await schedules().upsertSchedules([upsert(id, { queue, nextRunAt: missed })]);
+        // The later tick was enqueued already (a trigger, or a firing whose advance was lost).
+        const [existing] = await store.enqueue([keyed(job(queue, { early: true }), id, tick)]);
+        const fired = await schedules().fireDueSchedules(10, (rows, at) =>
+          rows.map((row) => ({
+            id: row.id,
+            jobs: [tickJob(row, missed), tickJob(row, tick)],
+            nextRunAt: later(at, HOUR),
+            lastTick: tick,
+          })),
+        );
+        expect(fired.map((firing) => firing.id)).toEqual([id]);
+        expect((await store.stats(queue)).ready).toBe(2);
+        expect((await store.getJob(existing!.jobId))!.payload).toEqual({ early: true });
+        expect((await schedules().getSchedule(id))!.lastTick!.getTime()).toBe(tick.getTime());
+      });
+
+      it("a firing's jobs with a groupKey join their ordered group", async () => {
+        const queue = newQueue('sched-group');
+        const id = newScheduleId('group');
+        const now = await dbNow();
+        const ticks = [later(now, -3 * 60_000), later(now, -2 * 60_000), later(now, -60_000)];
+        await schedules().upsertSchedules([upsert(id, { queue, options: '{"groupKey":"g"}', nextRunAt: ticks[0]! })]);
+        // A job of the group already waiting: the ticks queue behind it.
+        const [before] = await store.enqueue([job(queue, { before: true }, { groupKey: 'g' })]);
+        await schedules().fireDueSchedules(10, (rows, at) =>
+          rows.map((row) => ({
+            id: row.id,
+            jobs: ticks.map((tick) => tickJob(row, tick)),
+            nextRunAt: later(at, HOUR),
+            lastTick: ticks[2]!,
+          })),
+        );
+        const keys: (string | null)[] = [];
+        for (let i = 0; i < 4; i++) {
+          const claimed = await store.claim({ queue, limit: 10, leaseMs: 30_000, workerId: WORKER });
+          // One at a time, in group order.
+          expect(claimed).toHaveLength(1);
+          expect(claimed[0]!.groupKey).toBe('g');
+          if (i === 0) expect(claimed[0]!.id).toBe(before!.jobId);
+          keys.push(claimed[0]!.idempotencyKey);
+          await store.complete([{ id: claimed[0]!.id, claimToken: claimed[0]!.claimToken }]);
+        }
+        expect(keys).toEqual([null, ...ticks.map((tick) => tickKey(id, tick))]);
+        expect(await store.claim({ queue, limit: 10, leaseMs: 30_000, workerId: WORKER })).toEqual([]);
+      });
+
+      if (target.concurrentSessions) {
+        it('instances firing at once never fire a schedule twice: each sees it locked or not due', async () => {
+          const queue = newQueue('sched-concurrent');
+          const now = await dbNow();
+          const count = 20 * target.scale;
+          const ids = Array.from({ length: count }, (_, i) => newScheduleId(`concurrent-${i}`));
+          await schedules().upsertSchedules(ids.map((id) => upsert(id, { queue, nextRunAt: later(now, -1000) })));
+          const instances = await openExtra(4);
+          const fired: string[] = [];
+          // Each round starts another instance's round while its own holds the locks.
+          const rivals: Promise<ScheduleFiring[]>[] = [];
+          await Promise.all(
+            instances.map(async (instance, i) => {
+              for (;;) {
+                const firings = await schedules(instance).fireDueSchedules(3, (rows, at) => {
+                  const rival = schedules(instances[(i + 1) % instances.length]).fireDueSchedules(3, fireNext);
+                  // Awaited below; a failure is reported there, not as an unhandled rejection.
+                  rival.catch(() => undefined);
+                  rivals.push(rival);
+                  return fireNext(rows, at);
+                });
+                if (firings.length === 0) return;
+                fired.push(...firings.map((firing) => firing.id));
+              }
+            }),
+          );
+          for (const firings of await Promise.all(rivals)) fired.push(...firings.map((firing) => firing.id));
+          expect(fired.sort()).toEqual([...ids].sort());
+          expect((await store.stats(queue)).ready).toBe(count);
+        });
+      }
+
+      it('getSchedule, listSchedules, deleteSchedule and setSchedulePaused', async () => {
+        const queue = newQueue('sched-admin');
+        const [a, b] = [newScheduleId('admin-a'), newScheduleId('admin-b')];
+        expect(await schedules().getSchedule(a)).toBeNull();
+        expect(await schedules().listSchedules()).toEqual([]);
+        const now = await dbNow();
+        await schedules().upsertSchedules([
+          upsert(a, { queue, nextRunAt: later(now, -1000) }),
+          upsert(b, { queue, nextRunAt: later(now, HOUR) }),
+        ]);
+        const listed = await schedules().listSchedules();
+        expect(listed.map((row) => row.id).sort()).toEqual([a, b].sort());
+        expect(listed.find((row) => row.id === a)).toEqual(await schedules().getSchedule(a));
+
+        // Paused: not due, not fired.
+        expect(await schedules().setSchedulePaused(a, true, null)).toBe(true);
+        expect((await schedules().getSchedule(a))!.paused).toBe(true);
+        expect((await schedules().scheduleDueIn()).dueInMs).toBeGreaterThan(0);
+        expect(await schedules().fireDueSchedules(10, fireNext)).toEqual([]);
+        // Resumed with the next tick after now: the paused period is not caught up.
+        const resumeAt = later(now, 2 * HOUR);
+        expect(await schedules().setSchedulePaused(a, false, resumeAt)).toBe(true);
+        expect(await schedules().getSchedule(a)).toMatchObject({ paused: false, nextRunAt: resumeAt });
+        expect(await schedules().fireDueSchedules(10, fireNext)).toEqual([]);
+        expect(await schedules().setSchedulePaused('no.such.schedule', true, null)).toBe(false);
+
+        expect(await schedules().deleteSchedule(a)).toBe(true);
+        expect(await schedules().deleteSchedule(a)).toBe(false);
+        expect(await schedules().getSchedule(a)).toBeNull();
+        expect((await schedules().listSchedules()).map((row) => row.id)).toEqual([b]);
       });
     });
   });

@@ -654,7 +654,11 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
       if (stray) throw new Error(`the firing plan named schedule '${stray.id}', which this round did not lock`);
       // One enqueue per queue (the bulk statement takes one queue); a tick's key already in the
       // queue returns the existing job, so a repeated tick never fails the round.
-      for (const jobs of jobsByQueue(firings.flatMap((firing) => firing.jobs))) await this.enqueueOn(jobs, client);
+      const jobs = byQueue(
+        firings.flatMap((firing) => firing.jobs),
+        (job) => job,
+      );
+      for (const queueJobs of jobs.values()) await this.enqueueOn(queueJobs, client);
       if (firings.length > 0) {
         await this.run(client, 'scheduleAdvance', [
           JSON.stringify(
@@ -822,15 +826,20 @@ interface Emptied {
   emptied_groups: GroupRef[] | null;
 }
 
+/** Items per queue, each list in input order. */
+function byQueue<T extends { queue: string }, V>(items: readonly T[], value: (item: T) => V): Map<string, V[]> {
+  const lists = new Map<string, V[]>();
+  for (const item of items) {
+    const list = lists.get(item.queue);
+    if (list) list.push(value(item));
+    else lists.set(item.queue, [value(item)]);
+  }
+  return lists;
+}
+
 /** Keys per queue, for the statements that take one queue and an array of its group keys. */
 function keysByQueue(groups: readonly GroupRef[]): Map<string, string[]> {
-  const byQueue = new Map<string, string[]>();
-  for (const { queue, key } of groups) {
-    const keys = byQueue.get(queue);
-    if (keys) keys.push(key);
-    else byQueue.set(queue, [key]);
-  }
-  return byQueue;
+  return byQueue(groups, (group) => group.key);
 }
 
 /** Groups as the group statements take them: an array of queues and an array of keys. */
@@ -888,17 +897,6 @@ function toQueueStats(queue: string, row: Record<string, unknown>): QueueStats {
 
 function ownedJson(items: readonly OwnedJob[]): string {
   return JSON.stringify(items.map((item) => ({ id: item.id, token: item.claimToken })));
-}
-
-/** Jobs split by queue, each list in its input order. */
-function jobsByQueue(jobs: readonly NewJob[]): NewJob[][] {
-  const byQueue = new Map<string, NewJob[]>();
-  for (const job of jobs) {
-    const list = byQueue.get(job.queue);
-    if (list) list.push(job);
-    else byQueue.set(job.queue, [job]);
-  }
-  return [...byQueue.values()];
 }
 
 function toScheduleRow(row: Row): ScheduleRow {
