@@ -46,6 +46,12 @@ export interface QueueEventListener {
   brokerActivated?(event: { queue: string; source: 'notification' | 'poll' }): void;
   /** The activation event notification of a queue was missing or broken; it was recreated (or could not be). */
   brokerNotificationLost?(event: { queue: string; problem: string; recreated: boolean }): void;
+  /**
+   * A due schedule was advanced, in the transaction that enqueued its jobs: `ticks` jobs
+   * enqueued, `skipped` missed ticks not fired (catchUp), `lagMs` how far behind its first
+   * unfired tick was (database time).
+   */
+  scheduleFired?(event: { id: string; queue: string; ticks: number; skipped: number; lagMs: number }): void;
 }
 
 /**
