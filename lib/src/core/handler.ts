@@ -1,3 +1,4 @@
+import type { ScheduleTick } from './schedules/schedule.types.js';
 import type { JobId } from './types.js';
 
 /** What a handler knows about the job it runs. */
@@ -10,6 +11,8 @@ export interface JobContext {
   /** The business id given at enqueue; pass it to receivers that deduplicate. */
   idempotencyKey: string | null;
   groupKey: string | null;
+  /** The recurring schedule and tick that enqueued this job; null for any other job. */
+  schedule: ScheduleTick | null;
   enqueuedAt: Date;
   claimedAt: Date;
   /**

@@ -1,3 +1,4 @@
+import { parseScheduleJobKey } from './schedules/schedule-options.js';
 import { autoPrefetch, claimSize, MovingAverage, readersToStart, shouldRetireAfterEmptyClaim } from './activation.js';
 import { PollBackoff } from './backoff.js';
 import {
@@ -450,6 +451,7 @@ export class QueueConsumer {
       maxAttempts: job.maxAttempts,
       idempotencyKey: job.idempotencyKey,
       groupKey: job.groupKey,
+      schedule: parseScheduleJobKey(job.idempotencyKey),
       enqueuedAt: job.enqueuedAt,
       claimedAt: job.claimedAt,
       get signal() {

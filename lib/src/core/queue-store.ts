@@ -22,6 +22,7 @@ import type {
   QueueStats,
   ReapedJob,
 } from './types.js';
+import type { ScheduleStore } from './schedules/schedule.types.js';
 
 export type Dialect = 'postgres' | 'mssql';
 
@@ -40,9 +41,10 @@ export interface SchemaStatus {
  *
  * Every write that concerns a claimed job is conditional on job id + claim token + state,
  * and reports `lost` instead of pretending success. Batch methods take many items and run
- * one statement, so throughput is not capped by one round trip per job.
+ * one statement, so throughput is not capped by one round trip per job. Recurring jobs'
+ * schedules are part of the port (ScheduleStore).
  */
-export interface QueueStore {
+export interface QueueStore extends ScheduleStore {
   readonly dialect: Dialect;
   readonly schema: string;
 

@@ -10,6 +10,10 @@ import type {
   QueueStats,
 } from '../core/types.js';
 import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
+import { ScheduleAdmin } from '../core/schedules/schedule-admin.js';
+import type { ScheduleDefinition, ScheduleRecord } from '../core/schedules/schedule.types.js';
+import { SqlQueueSchedulerHost } from './schedules.host.js';
+import { unknownScheduleQueue } from './sql-queue.boot-checks.js';
 import { SqlQueueValidationError } from '../core/errors.js';
 import type { BrokerDeadMessagePage, BrokerQueueStats, BrokerRuntimeApi, BrokerSent } from '../broker/broker.types.js';
 import type { SqlQueueRuntime } from './sql-queue.runtime.js';
@@ -20,7 +24,27 @@ import type { SqlQueueRuntime } from './sql-queue.runtime.js';
  */
 @Injectable()
 export class QueueProducer {
-  constructor(@Inject(SQL_QUEUE_RUNTIME) private readonly runtime: SqlQueueRuntime) {}
+  private readonly schedules: ScheduleAdmin;
+
+  constructor(
+    @Inject(SQL_QUEUE_RUNTIME) private readonly runtime: SqlQueueRuntime,
+    schedulerHost: SqlQueueSchedulerHost,
+  ) {
+    this.schedules = new ScheduleAdmin({
+      store: runtime.store,
+      maxPayloadBytes: runtime.options.maxPayloadBytes,
+      defaultMaxAttemptsFor: (queue) => runtime.defaultMaxAttempts(queue),
+      checkQueue: (id, queue) =>
+        unknownScheduleQueue(
+          id,
+          queue,
+          new Set([...Object.keys(runtime.options.queues), ...runtime.handlerOptions.keys()]),
+          runtime.options,
+        ),
+      changed: () => schedulerHost.wake(),
+      enqueued: (queue) => runtime.producer.wake(queue),
+    });
+  }
 
   /**
    * Enqueues one job. With `idempotencyKey`, a second enqueue of the same key in the same queue
@@ -164,6 +188,46 @@ export class QueueProducer {
       );
     }
     return broker;
+  }
+
+  /**
+   * Creates or updates a recurring job (by id): each tick of `cron` (in `timezone`, default UTC)
+   * enqueues one job into `queue`, once across every instance. A changed cron or time zone
+   * applies from the next tick after now. Returns the schedule with its next fire time.
+   * Checked before the database is touched: invalid cron, unknown time zone, unknown queue.
+   */
+  schedule(id: string, definition: ScheduleDefinition): Promise<ScheduleRecord> {
+    return this.schedules.schedule(id, definition);
+  }
+
+  /** Deletes a recurring job; false when there was none. Jobs it already enqueued stay. */
+  unschedule(id: string): Promise<boolean> {
+    return this.schedules.unschedule(id);
+  }
+
+  /** Every recurring job with its next fire time, last fire time and last tick. */
+  listSchedules(): Promise<ScheduleRecord[]> {
+    return this.schedules.list();
+  }
+
+  /** One recurring job, or null. */
+  getSchedule(id: string): Promise<ScheduleRecord | null> {
+    return this.schedules.get(id);
+  }
+
+  /** Stops a recurring job's ticks until resumeSchedule(). */
+  pauseSchedule(id: string): Promise<void> {
+    return this.schedules.pause(id);
+  }
+
+  /** Resumes a paused recurring job from its next tick after now (the paused period is not caught up). */
+  resumeSchedule(id: string): Promise<void> {
+    return this.schedules.resume(id);
+  }
+
+  /** Enqueues one job of a recurring job now, outside its ticks (its context names the schedule). */
+  triggerSchedule(id: string): Promise<EnqueueResult & { tick: Date }> {
+    return this.schedules.trigger(id);
   }
 
   /**

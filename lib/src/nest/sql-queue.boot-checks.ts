@@ -42,10 +42,42 @@ export function checkBeforeConnecting(
     for (const handler of declared.broker) applyBrokerHandlerOptions(options.broker, handler);
   }
   const handlers = declared.table.map((handler) => ({ ...handler, resolved: resolveHandlerOptions(handler, options) }));
+  checkScheduleQueues(
+    options,
+    declared.table.map((handler) => handler.queue),
+  );
   if ((options.reaper.enabled || options.retention.enabled) && !scheduler) {
     throw new SqlQueueConfigError(
       'SqlQueueModule schedules its lease reaper with @nestjs/schedule: import ScheduleModule.forRoot() in your application module, or set reaper.enabled and retention.enabled to false',
     );
   }
   return handlers;
+}
+
+/**
+ * A schedule enqueues into a table queue this application knows: one under `queues` or with a
+ * @QueueHandler. A typo in a schedule's queue would otherwise enqueue, on every tick, jobs that
+ * nothing ever runs.
+ */
+export function checkScheduleQueues(options: ResolvedModuleOptions, handlerQueues: readonly string[]): void {
+  const known = new Set([...Object.keys(options.queues), ...handlerQueues]);
+  for (const [id, definition] of Object.entries(options.schedules)) {
+    const message = unknownScheduleQueue(id, definition.queue, known, options);
+    if (message) throw new SqlQueueConfigError(message);
+  }
+}
+
+/** Why `queue` cannot take schedule `id`'s jobs, or null when it can. */
+export function unknownScheduleQueue(
+  id: string,
+  queue: string,
+  known: ReadonlySet<string>,
+  options: ResolvedModuleOptions,
+): string | null {
+  if (options.broker?.queues.some((q) => q.name === queue)) {
+    return `schedule '${id}': '${queue}' is a Service Broker queue; schedules enqueue into table queues`;
+  }
+  if (known.has(queue)) return null;
+  const names = [...known].map((name) => `'${name}'`).join(', ') || 'none';
+  return `schedule '${id}': queue '${queue}' is unknown to this application (known: ${names}): declare it under queues (queues: { '${queue}': {} }) if another process consumes it, or give it a @QueueHandler`;
 }

@@ -11,6 +11,7 @@ import { SqlQueueConnectionLifecycle } from './sql-queue.lifecycle.js';
 import { resolveModuleOptions, type SqlQueueModuleOptions } from './sql-queue.options.js';
 import { BARE_IMPORT, checkBeforeConnecting } from './sql-queue.boot-checks.js';
 import { SqlQueueMetrics } from './sql-queue.metrics.js';
+import { SqlQueueSchedulerHost } from './schedules.host.js';
 import { createSqlQueueRuntime } from './sql-queue.runtime.js';
 import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
 
@@ -50,6 +51,7 @@ import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
     LeaseReaperScheduler,
     SqlQueueConnectionLifecycle,
     SqlQueueMetrics,
+    SqlQueueSchedulerHost,
   ],
   exports: [QueueProducer, SqlQueueConsumerHost, SQL_QUEUE_RUNTIME, SqlQueueMetrics],
 })

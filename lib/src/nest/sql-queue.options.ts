@@ -27,6 +27,8 @@ import { DEFAULT_WAKE_INTERVAL_MS } from '../core/wake.js';
 import type { SqlQueueConnection } from '../store/create-store.js';
 import { resolveBrokerOptions } from '../broker/broker.options.js';
 import type { BrokerOptions, ResolvedBrokerOptions } from '../broker/broker.types.js';
+import { validateScheduleDefinition } from '../core/schedules/schedule-options.js';
+import type { ScheduleDefinition } from '../core/schedules/schedule.types.js';
 
 /** Options of `SqlQueueModule.forRoot()` / `forRootAsync()`. */
 export interface SqlQueueModuleOptions {
@@ -60,6 +62,16 @@ export interface SqlQueueModuleOptions {
    * consumes a broker queue declared here, `QueueProducer.send(name, …)` sends to it.
    */
   broker?: BrokerOptions;
+  /**
+   * Recurring jobs by id, upserted at boot: each tick of `cron` (in `timezone`) enqueues one job
+   * into `queue`, once across every instance. A schedule removed from here stays in the
+   * database unless `pruneSchedules` is true.
+   */
+  schedules?: Record<string, ScheduleDefinition>;
+  /** Delete schedules defined by an earlier boot's `schedules` option and missing from it now (default false). */
+  pruneSchedules?: boolean;
+  /** The loop that fires due schedules (every instance runs it; default on). */
+  scheduler?: { enabled?: boolean; maxPollMs?: number };
 }
 
 export interface ResolvedModuleOptions {
@@ -75,6 +87,10 @@ export interface ResolvedModuleOptions {
   listeners: QueueEventListener[];
   metrics: ResolvedMetricsOptions;
   broker: ResolvedBrokerOptions | null;
+  /** Validated at boot; upserted once connected. */
+  schedules: Record<string, ScheduleDefinition>;
+  pruneSchedules: boolean;
+  scheduler: { enabled: boolean; maxPollMs: number };
 }
 
 const KNOWN: readonly (keyof SqlQueueModuleOptions)[] = [
@@ -90,6 +106,9 @@ const KNOWN: readonly (keyof SqlQueueModuleOptions)[] = [
   'listeners',
   'metrics',
   'broker',
+  'schedules',
+  'pruneSchedules',
+  'scheduler',
 ];
 
 /** Checks every module option at boot, with messages that name the option and the fix. */
@@ -106,20 +125,27 @@ export function resolveModuleOptions(raw: SqlQueueModuleOptions): ResolvedModule
   }
   const schema = assertSchemaName(raw.schema ?? 'sqlqueue');
   const queues = validateQueueMap(raw.queues);
+  const maxPayloadBytes = assertInteger(
+    'maxPayloadBytes',
+    raw.maxPayloadBytes ?? DEFAULT_MAX_PAYLOAD_BYTES,
+    2,
+    64 * 1024 * 1024,
+  );
+  const schedules = assertOptionGroup('schedules', raw.schedules) as Record<string, ScheduleDefinition>;
+  for (const [id, definition] of Object.entries(schedules)) {
+    validateScheduleDefinition(id, definition, maxPayloadBytes, SqlQueueConfigError);
+  }
+  const scheduler = assertOptionGroup('scheduler', raw.scheduler, ['enabled', 'maxPollMs']);
+  const consumer = resolveConsumerOptions(raw.consumer);
   return {
     connection: raw.connection,
     schema,
     migrations,
     queues,
-    consumer: resolveConsumerOptions(raw.consumer),
+    consumer,
     reaper: resolveReaperOptions(raw.reaper),
     retention: resolveRetentionOptions(raw.retention),
-    maxPayloadBytes: assertInteger(
-      'maxPayloadBytes',
-      raw.maxPayloadBytes ?? DEFAULT_MAX_PAYLOAD_BYTES,
-      2,
-      64 * 1024 * 1024,
-    ),
+    maxPayloadBytes,
     wakeups: {
       enabled: assertBoolean('wakeups.enabled', wakeups.enabled ?? true),
       intervalMs: assertInteger('wakeups.intervalMs', wakeups.intervalMs ?? DEFAULT_WAKE_INTERVAL_MS, 0, 60_000),
@@ -127,5 +153,11 @@ export function resolveModuleOptions(raw: SqlQueueModuleOptions): ResolvedModule
     listeners: [...(raw.listeners ?? [])],
     metrics: resolveMetricsOptions(raw.metrics),
     broker: resolveBrokerOptions(raw.broker, schema, Object.keys(queues)),
+    schedules,
+    pruneSchedules: assertBoolean('pruneSchedules', raw.pruneSchedules ?? false),
+    scheduler: {
+      enabled: assertBoolean('scheduler.enabled', scheduler.enabled ?? true),
+      maxPollMs: assertInteger('scheduler.maxPollMs', scheduler.maxPollMs ?? consumer.maxPollMs, 10, 300_000),
+    },
   };
 }

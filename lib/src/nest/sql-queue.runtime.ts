@@ -15,6 +15,7 @@ import type { BrokerRuntimeApi } from '../broker/broker.types.js';
 import type { MssqlQueueStore } from '../store/mssql/mssql.store.js';
 import { BROKER_NEEDS_SQL_SERVER } from './broker-handlers.js';
 import { SqlQueueConfigError } from '../core/errors.js';
+import { toScheduleUpsert } from '../core/schedules/schedule-options.js';
 
 const STORE_CLOSE_TIMEOUT_MS = 5_000;
 
@@ -55,7 +56,7 @@ export class SqlQueueRuntime {
         : null;
     this.producer = new QueueProducerCore(
       store,
-      { maxPayloadBytes: options.maxPayloadBytes, maxAttemptsFor: (queue) => this.maxAttemptsFor(queue) },
+      { maxPayloadBytes: options.maxPayloadBytes, maxAttemptsFor: (queue) => this.defaultMaxAttempts(queue) },
       this.wakeBus,
       this.remoteWaker,
     );
@@ -97,7 +98,7 @@ export class SqlQueueRuntime {
    * This process's own value, for a queue whose consumers recorded none (the enqueue statement
    * prefers theirs): handler over module over default, as the consumer resolves it.
    */
-  private maxAttemptsFor(queue: string): number {
+  defaultMaxAttempts(queue: string): number {
     return (
       this.handlerOptions.get(queue)?.maxAttempts ?? this.options.queues[queue]?.maxAttempts ?? DEFAULT_MAX_ATTEMPTS
     );
@@ -153,6 +154,12 @@ export async function createSqlQueueRuntime(
     await store.close().catch(() => undefined);
     throw error;
   }
+  try {
+    await upsertOptionSchedules(store, options);
+  } catch (error) {
+    await store.close().catch(() => undefined);
+    throw error;
+  }
   const runtime = new SqlQueueRuntime(options, store, logger);
   // useBroker, not a plain assignment: it also points the producer's wake-ups at the doorbell.
   if (options.broker)
@@ -183,4 +190,19 @@ async function connectBroker(runtime: SqlQueueRuntime, options: ResolvedModuleOp
     maxPayloadBytes: options.maxPayloadBytes,
     consume: options.consumer.enabled,
   });
+}
+
+/**
+ * The module's `schedules` option, upserted at every boot (a changed cron or payload takes
+ * effect; an unchanged timing keeps its next run), and with `pruneSchedules` the schedules an
+ * earlier boot's option defined and this one does not. Schedules made through the API stay.
+ */
+async function upsertOptionSchedules(store: QueueStore, options: ResolvedModuleOptions): Promise<void> {
+  const entries = Object.entries(options.schedules);
+  if (entries.length === 0 && !options.pruneSchedules) return;
+  const { now } = await store.scheduleDueIn();
+  const items = entries.map(([id, definition]) =>
+    toScheduleUpsert(id, definition, 'options', now, options.maxPayloadBytes, SqlQueueConfigError),
+  );
+  await store.upsertSchedules(items, options.pruneSchedules ? 'options' : undefined);
 }

@@ -1,6 +1,13 @@
 import { SqlQueueValidationError } from '../errors.js';
 import type { EnqueueOptions } from '../types.js';
-import { assertOptionGroup, assertQueueName, DEFAULT_MAX_ATTEMPTS, describe, prepareJob } from '../validation.js';
+import {
+  assertOptionGroup,
+  assertQueueName,
+  DEFAULT_MAX_ATTEMPTS,
+  describe,
+  prepareJob,
+  SCHEDULE_KEY_PREFIX,
+} from '../validation.js';
 import { assertCron, DEFAULT_SCHEDULE_TIMEZONE, nextTick } from './schedule-cron.js';
 import type {
   ScheduleCatchUp,
@@ -140,7 +147,6 @@ export function toScheduleRecord(row: ScheduleRow): ScheduleRecord {
   };
 }
 
-const KEY_PREFIX = 'schedule:';
 const JOB_KEY = /^schedule:([A-Za-z0-9._-]{1,128}):(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z)$/;
 
 /**
@@ -148,12 +154,12 @@ const JOB_KEY = /^schedule:([A-Za-z0-9._-]{1,128}):(\d{4}-\d{2}-\d{2}T\d{2}:\d{2
  * (schedule:report.daily:2026-12-01T02:30:00.000Z): a second guard against firing a tick twice.
  */
 export function scheduleJobKey(id: string, tick: Date): string {
-  return `${KEY_PREFIX}${id}:${tick.toISOString()}`;
+  return `${SCHEDULE_KEY_PREFIX}${id}:${tick.toISOString()}`;
 }
 
 /** The schedule and tick a job's idempotency key names (`JobContext.schedule`), or null for any other key. */
 export function parseScheduleJobKey(key: string | null | undefined): ScheduleTick | null {
-  if (!key?.startsWith(KEY_PREFIX)) return null;
+  if (!key?.startsWith(SCHEDULE_KEY_PREFIX)) return null;
   const match = JOB_KEY.exec(key);
   if (!match) return null;
   const tick = new Date(match[2]!);

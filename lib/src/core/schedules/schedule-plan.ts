@@ -125,3 +125,10 @@ function tickJob(row: ScheduleRow, jobOptions: ScheduleJobOptions, tick: Date, o
     defaultMaxAttempts: options.defaultMaxAttemptsFor(row.queue),
   };
 }
+
+/** One tick's job of a schedule (a manual trigger's too): its queue, payload and options, keyed by the tick. */
+export function scheduleTickJob(row: ScheduleRow, tick: Date, defaultMaxAttempts: number): NewJob {
+  return tickJob(row, JSON.parse(row.options) as ScheduleJobOptions, tick, {
+    defaultMaxAttemptsFor: () => defaultMaxAttempts,
+  });
+}
