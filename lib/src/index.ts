@@ -44,6 +44,15 @@ export type {
 } from './core/queue-metrics.js';
 
 export type { JobContext, JobHandler } from './core/handler.js';
+export type {
+  ScheduleCatchUp,
+  ScheduleDefinition,
+  ScheduleJobOptions,
+  ScheduleRecord,
+  ScheduleSource,
+  ScheduleTick,
+} from './core/schedules/schedule.types.js';
+export { SqlQueueSchedulerHost } from './nest/schedules.host.js';
 export type { EnqueueCallOptions, EnqueueItem } from './core/producer.js';
 export type { BackoffOption } from './core/backoff.js';
 export type { QueueOptions, ConsumerOptions, ReaperOptions, RetentionOptions } from './core/options.js';
