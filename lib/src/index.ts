@@ -33,6 +33,7 @@ export type {
   SqlQueueQueueMetrics,
   SqlQueueReaderState,
   SqlQueueBrokerReading,
+  SqlQueueScheduleReading,
 } from './nest/sql-queue.metrics.js';
 export { DEFAULT_LATENCY_BUCKETS_SECONDS } from './core/queue-metrics.js';
 export type {

@@ -2,7 +2,7 @@ import { Registry } from 'prom-client';
 import { describe, expect, it } from 'vitest';
 import type { QueueEventListener } from '../../lib/src/core/events.js';
 import { QueueEventMetrics, resolveMetricsOptions, type QueueHealthReading } from '../../lib/src/core/queue-metrics.js';
-import { SqlQueueMetrics } from '../../lib/src/index.js';
+import { SqlQueueMetrics, type SqlQueueScheduleReading } from '../../lib/src/index.js';
 import { SqlQueuePrometheusExporter } from '../../lib/src/prometheus.js';
 import { parsePrometheusText, sampleValue } from '../helpers/prometheus-text.js';
 
@@ -45,6 +45,33 @@ function setup(options: { registry?: Registry; reading?: () => QueueHealthReadin
       },
     ],
     addListener: (listener: QueueEventListener) => listeners.push(listener),
+    readSchedules: async (): Promise<SqlQueueScheduleReading> => ({
+      ok: true,
+      error: null,
+      durationMs: 1,
+      schedules: [
+        {
+          id: 'report.daily',
+          queue: 'mail.out-1',
+          paused: false,
+          nextRunAt: new Date('2026-12-02T02:30:00.000Z'),
+          lastRunAt: new Date('2026-12-01T02:30:00.250Z'),
+          lagMs: 1_500,
+          fired: 3,
+          skipped: 2,
+        },
+        {
+          id: 'paused.one',
+          queue: 'mail.out-1',
+          paused: true,
+          nextRunAt: null,
+          lastRunAt: null,
+          lagMs: 0,
+          fired: 0,
+          skipped: 0,
+        },
+      ],
+    }),
   };
   const moduleRef = { get: (token: unknown) => (token === SqlQueueMetrics ? metrics : null) };
   const exporter = new SqlQueuePrometheusExporter(
@@ -74,6 +101,21 @@ describe('SqlQueuePrometheusExporter', () => {
     emit('groupRepaired', { queue: q.queue, groupKey: 'order-7', problem: 'head 9 is not the first unfinished job 8' });
     const m = await scrape();
     expect(sampleValue(m, 'sqlqueue_stats_up')).toBe(1);
+    const daily = { schedule: 'report.daily', queue: 'mail.out-1' };
+    expect(sampleValue(m, 'sqlqueue_schedules_up')).toBe(1);
+    expect(sampleValue(m, 'sqlqueue_schedule_next_fire_timestamp_seconds', daily)).toBe(
+      Date.parse('2026-12-02T02:30:00.000Z') / 1000,
+    );
+    expect(sampleValue(m, 'sqlqueue_schedule_last_fire_timestamp_seconds', daily)).toBe(
+      Date.parse('2026-12-01T02:30:00.250Z') / 1000,
+    );
+    expect(sampleValue(m, 'sqlqueue_schedule_lag_seconds', daily)).toBe(1.5);
+    expect(sampleValue(m, 'sqlqueue_schedule_ticks_total', { ...daily, result: 'fired' })).toBe(3);
+    expect(sampleValue(m, 'sqlqueue_schedule_ticks_total', { ...daily, result: 'skipped' })).toBe(2);
+    expect(sampleValue(m, 'sqlqueue_schedule_paused', { schedule: 'paused.one', queue: 'mail.out-1' })).toBe(1);
+    // A paused schedule has no next fire time to report, and one that never fired no last.
+    expect(sampleValue(m, 'sqlqueue_schedule_next_fire_timestamp_seconds', { schedule: 'paused.one' })).toBeUndefined();
+    expect(sampleValue(m, 'sqlqueue_schedule_last_fire_timestamp_seconds', { schedule: 'paused.one' })).toBeUndefined();
     expect(sampleValue(m, 'sqlqueue_jobs', { ...q, state: 'dead' })).toBe(4);
     expect(sampleValue(m, 'sqlqueue_oldest_ready_age_seconds', q)).toBe(90);
     expect(sampleValue(m, 'sqlqueue_expired_leases', q)).toBe(1);

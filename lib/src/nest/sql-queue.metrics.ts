@@ -79,6 +79,9 @@ export class SqlQueueMetrics {
   private readonly reader: QueueHealthReader;
   private readonly brokerEvents = new BrokerEventCounts();
   private brokerReading: { at: number; reading: Promise<SqlQueueBrokerReading> } | null = null;
+  private scheduleReading: { at: number; reading: Promise<SqlQueueScheduleReading> } | null = null;
+  /** Ticks fired and skipped by this process's scheduler, by schedule id. */
+  private readonly scheduleTicks = new Map<string, { fired: number; skipped: number }>();
 
   constructor(
     @Inject(SQL_QUEUE_RUNTIME) private readonly runtime: SqlQueueRuntime,
@@ -89,6 +92,14 @@ export class SqlQueueMetrics {
     // Registered at construction, before the consumer starts on bootstrap: no event is missed.
     runtime.addListener(this.events);
     if (runtime.options.broker) runtime.addListener(this.brokerEvents);
+    runtime.addListener({
+      scheduleFired: (event) => {
+        const ticks = this.scheduleTicks.get(event.id) ?? { fired: 0, skipped: 0 };
+        ticks.fired += event.ticks;
+        ticks.skipped += event.skipped;
+        this.scheduleTicks.set(event.id, ticks);
+      },
+    });
   }
 
   /** The resolved `metrics` module options. */
@@ -236,6 +247,55 @@ export class SqlQueueMetrics {
       };
     }
   }
+
+  /**
+   * Recurring jobs: every schedule with its next and last fire time and how late it is (from
+   * the database, on its clock), and the ticks this process fired and skipped. Reuses a reading
+   * younger than `metrics.cacheMs`, never waits longer than `metrics.timeoutMs`, never throws.
+   */
+  async readSchedules(): Promise<SqlQueueScheduleReading> {
+    const now = Date.now();
+    if (!this.scheduleReading || now - this.scheduleReading.at >= this.options.cacheMs) {
+      const reading = this.querySchedules(now);
+      this.scheduleReading = { at: now, reading };
+      void reading.then((r) => {
+        if (!r.ok && this.scheduleReading?.reading === reading) this.scheduleReading = null;
+      });
+    }
+    return this.scheduleReading.reading;
+  }
+
+  private async querySchedules(startedAt: number): Promise<SqlQueueScheduleReading> {
+    const store = this.runtime.store;
+    try {
+      const [rows, { now }] = await withTimeout(
+        Promise.all([store.listSchedules(), store.scheduleDueIn()]),
+        this.options.timeoutMs,
+        'reading schedules',
+      );
+      return {
+        ok: true,
+        error: null,
+        durationMs: Date.now() - startedAt,
+        schedules: rows.map((row) => ({
+          id: row.id,
+          queue: row.queue,
+          paused: row.paused,
+          nextRunAt: row.nextRunAt,
+          lastRunAt: row.lastRunAt,
+          lagMs: !row.paused && row.nextRunAt !== null ? Math.max(0, now.getTime() - row.nextRunAt.getTime()) : 0,
+          ...(this.scheduleTicks.get(row.id) ?? { fired: 0, skipped: 0 }),
+        })),
+      };
+    } catch (error) {
+      return {
+        ok: false,
+        error: error instanceof Error ? error.message : String(error),
+        durationMs: Date.now() - startedAt,
+        schedules: [],
+      };
+    }
+  }
 }
 
 /** One reading of the Service Broker queues: see SqlQueueMetrics.readBroker(). */
@@ -247,4 +307,23 @@ export interface SqlQueueBrokerReading {
   /** Conversation endpoints of the database by state (CONVERSING, DISCONNECTED_INBOUND, CLOSED, …). */
   endpoints: Record<string, number>;
   queues: (BrokerEventFigures & { readers: number; busyReaders: number; database: BrokerQueueStats | null })[];
+}
+
+/** One reading of the recurring jobs: see SqlQueueMetrics.readSchedules(). */
+export interface SqlQueueScheduleReading {
+  ok: boolean;
+  error: string | null;
+  durationMs: number;
+  schedules: {
+    id: string;
+    queue: string;
+    paused: boolean;
+    nextRunAt: Date | null;
+    lastRunAt: Date | null;
+    /** How long its next tick is overdue (0 when not due, or paused): a lag that grows means no instance fires it. */
+    lagMs: number;
+    /** Ticks this process fired, and missed ticks it skipped (catchUp). */
+    fired: number;
+    skipped: number;
+  }[];
 }

@@ -3,7 +3,12 @@ import { ModuleRef } from '@nestjs/core';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { SqlQueueConfigError } from '../../core/errors.js';
 import type { QueueHealthReading } from '../../core/queue-metrics.js';
-import { SqlQueueMetrics, type SqlQueueBrokerReading, type SqlQueueProcessFigures } from '../sql-queue.metrics.js';
+import {
+  SqlQueueMetrics,
+  type SqlQueueBrokerReading,
+  type SqlQueueProcessFigures,
+  type SqlQueueScheduleReading,
+} from '../sql-queue.metrics.js';
 import { SQL_QUEUE_PROMETHEUS_OPTIONS, type SqlQueuePrometheusOptions } from './sql-queue-prometheus.options.js';
 
 const NAME_PREFIX = /^[a-zA-Z_:][a-zA-Z0-9_:]*$/;
@@ -69,6 +74,70 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
     this.registerDatabaseGauges(metrics);
     this.registerProcessMetrics(metrics);
     if (metrics.hasBroker) this.registerBrokerMetrics(metrics);
+    this.registerScheduleMetrics(metrics);
+  }
+
+  /** Recurring jobs: from one cached, bounded reading of the schedules, and this process's tick counts. */
+  private registerScheduleMetrics(metrics: SqlQueueMetrics): void {
+    const registers = [this.registry];
+    const labelNames = ['schedule', 'queue'];
+    const gauge = (
+      suffix: string,
+      help: string,
+      value: (s: SqlQueueScheduleReading['schedules'][number]) => number | null,
+    ) =>
+      new Gauge({
+        name: this.name(suffix),
+        help,
+        labelNames,
+        registers,
+        async collect() {
+          const reading = await metrics.readSchedules();
+          this.reset();
+          for (const s of reading.schedules) {
+            const v = value(s);
+            if (v !== null) this.set({ schedule: s.id, queue: s.queue }, v);
+          }
+        },
+      });
+    new Gauge({
+      name: this.name('schedules_up'),
+      help: 'Whether the last scrape could read the recurring schedules from the database in time (1) or not (0).',
+      registers,
+      async collect() {
+        this.set((await metrics.readSchedules()).ok ? 1 : 0);
+      },
+    });
+    gauge(
+      'schedule_next_fire_timestamp_seconds',
+      'When the schedule fires next (Unix time); absent when paused or it has no later tick.',
+      (s) => (s.paused || s.nextRunAt === null ? null : s.nextRunAt.getTime() / 1000),
+    );
+    gauge(
+      'schedule_last_fire_timestamp_seconds',
+      'When the schedule last fired a job (Unix time); absent before the first.',
+      (s) => (s.lastRunAt === null ? null : s.lastRunAt.getTime() / 1000),
+    );
+    gauge(
+      'schedule_lag_seconds',
+      "How long the schedule's next tick is overdue (0 when not due or paused). A lag that keeps growing means no instance fires it (every scheduler disabled or down).",
+      (s) => s.lagMs / 1000,
+    );
+    gauge('schedule_paused', 'Whether the schedule is paused (1) or not (0).', (s) => (s.paused ? 1 : 0));
+    new Counter({
+      name: this.name('schedule_ticks_total'),
+      help: "Ticks this process's scheduler handled: result fired (a job enqueued) or skipped (missed ticks catchUp did not run).",
+      labelNames: ['schedule', 'queue', 'result'],
+      registers,
+      async collect() {
+        const reading = await metrics.readSchedules();
+        this.reset();
+        for (const s of reading.schedules) {
+          this.inc({ schedule: s.id, queue: s.queue, result: 'fired' }, s.fired);
+          this.inc({ schedule: s.id, queue: s.queue, result: 'skipped' }, s.skipped);
+        }
+      },
+    });
   }
 
   /** Service Broker queues: database gauges from one cached, bounded reading, and this process's counts. */
