@@ -7,6 +7,7 @@ import {
   readdirSync,
   readFileSync,
   rmSync,
+  existsSync,
   symlinkSync,
   writeFileSync,
 } from 'node:fs';
@@ -37,6 +38,7 @@ const MANIFEST = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as
   files: string[];
   bin: Record<string, string>;
   exports: Record<string, string | { types: string; default: string }>;
+  dependencies: Record<string, string>;
   peerDependencies: Record<string, string>;
   peerDependenciesMeta: Record<string, { optional?: boolean }>;
 };
@@ -328,7 +330,9 @@ describe('the packed package in a CommonJS and an ESM application', () => {
     installed = join(apps, 'node_modules', NAME);
     mkdirSync(installed, { recursive: true });
     mustRun('tar', ['-xzf', join(work, packed[0].filename), '-C', installed, '--strip-components=1'], work);
-    for (const peer of INSTALLED_PEERS) {
+    // The package's own dependencies (cron) as npm installs them, hoisted beside it, and the peers.
+    for (const peer of [...Object.keys(MANIFEST.dependencies ?? {}), ...INSTALLED_PEERS]) {
+      if (existsSync(join(apps, 'node_modules', peer))) continue;
       mkdirSync(dirname(join(apps, 'node_modules', peer)), { recursive: true });
       symlinkSync(join(ROOT, 'node_modules', peer), join(apps, 'node_modules', peer), 'dir');
     }
