@@ -88,11 +88,14 @@ export class ScheduleAdmin {
     const row = await this.deps.store.getSchedule(assertScheduleId(id));
     if (!row) throw unknown(id);
     const { now } = await this.deps.store.scheduleDueIn();
+    // Cron ticks fall on whole seconds: a trigger at a whole second moves 1 ms on, so its key
+    // (schedule:<id>:<time>) can never be a tick's, which would make one of the two a duplicate.
+    const at = now.getUTCMilliseconds() === 0 ? new Date(now.getTime() + 1) : now;
     const [result] = await this.deps.store.enqueue([
-      scheduleTickJob(row, now, this.deps.defaultMaxAttemptsFor(row.queue)),
+      scheduleTickJob(row, at, this.deps.defaultMaxAttemptsFor(row.queue)),
     ]);
     this.deps.enqueued(row.queue);
-    return { ...result!, tick: now };
+    return { ...result!, tick: at };
   }
 }
 
