@@ -182,6 +182,30 @@ describe('latestTick and latestTicks', () => {
     }
   });
 
+  it('agrees with the tick-by-tick walk over a repeated DST hour (the search must not land in its second occurrence)', () => {
+    // America/New_York falls back on 2025-11-02 at 06:00Z (02:00 EDT → 01:00 EST): 01:00–01:59
+    // happens twice. The chain of ticks fires each repeated wall-clock time once, at its first
+    // occurrence; asked from inside the second, the cron package answers with the second.
+    for (const [cron, zone, from, to] of [
+      ['0 30 1 * * *', 'America/New_York', '2025-11-01T00:00:00Z', '2025-11-02T07:00:00Z'],
+      ['0 */15 1 * * *', 'America/New_York', '2025-11-01T00:00:00Z', '2025-11-02T06:50:00Z'],
+      ['0 30 2 * * *', 'Europe/Stockholm', '2026-10-24T00:00:00Z', '2026-10-25T01:45:00Z'],
+      ['0 * * * * *', 'Europe/Stockholm', '2026-10-25T00:10:00Z', '2026-10-25T01:20:30Z'],
+    ] as const) {
+      const walked = ticksBetween(cron, zone, at(from), at(to), 100_000);
+      expect(latestTick(cron, zone, at(from), at(to))?.toISOString(), `${cron} ${zone}`).toBe(
+        walked.at(-1)?.toISOString(),
+      );
+    }
+    expect(
+      latestTick('0 30 1 * * *', 'America/New_York', at('2025-11-01T00:00:00Z'), at('2025-11-02T07:00:00Z')),
+    ).toEqual(at('2025-11-02T05:30:00Z'));
+    // A range that starts inside the repeated hour has its second occurrence as its own ticks.
+    expect(
+      latestTick('0 30 1 * * *', 'America/New_York', at('2025-11-02T06:10:00Z'), at('2025-11-02T07:00:00Z')),
+    ).toEqual(at('2025-11-02T06:30:00Z'));
+  });
+
   it('walks about n ticks for a long range of an every-second schedule', () => {
     const started = performance.now();
     const ticks = latestTicks('* * * * * *', 'UTC', at('2026-04-01T00:00:00Z'), at('2026-05-01T00:00:00.250Z'), 1000);

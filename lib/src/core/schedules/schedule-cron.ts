@@ -118,7 +118,72 @@ export function latestTick(cron: string, timezone: string, fromInclusive: Date, 
       hi = mid;
     }
   }
+  // The search asks for the next tick from arbitrary instants. Around a DST fall-back, the
+  // `cron` package's answer from inside the repeated hour can differ from what the chain of
+  // ticks (each from the one before, as the scheduler fires them) gives: a daily 01:30 fires
+  // once, but asked from within the second 01:00–01:59 it answers the second 01:30. So when the
+  // found tick is within hours after a fall-back, the chain decides: the latest chained tick
+  // well before the change (searched as above), then walked tick by tick to the end.
+  const change = fallBackWithin(timezone, found.getTime(), DST_SETTLE_MS);
+  if (change !== null) {
+    const anchorEnd = change - DST_SETTLE_MS;
+    const anchor =
+      anchorEnd >= fromInclusive.getTime() ? latestTick(cron, timezone, fromInclusive, new Date(anchorEnd)) : null;
+    return ticksBetween(cron, timezone, anchor ?? fromInclusive, toInclusive, Number.MAX_SAFE_INTEGER).at(-1) ?? null;
+  }
   return found;
+}
+
+/** Longer than any DST shift: past it, the chain and the search agree again. */
+const DST_SETTLE_MS = 3 * 3_600_000;
+
+/**
+ * The instant of a DST fall-back (the zone's offset decreasing) within `windowMs` before `at`,
+ * or null. Offsets come from Intl, so no time zone data beyond what Node ships is needed.
+ */
+function fallBackWithin(timezone: string, at: number, windowMs: number): number | null {
+  const before = offsetMs(timezone, at - windowMs);
+  if (before <= offsetMs(timezone, at)) return null;
+  // In whole seconds (offsets change on one): `before` at lo, changed at hi.
+  let lo = Math.floor((at - windowMs) / 1_000);
+  let hi = Math.floor(at / 1_000);
+  while (hi - lo > 1) {
+    const mid = Math.floor((lo + hi) / 2);
+    if (offsetMs(timezone, mid * 1_000) === before) lo = mid;
+    else hi = mid;
+  }
+  return hi * 1_000;
+}
+
+const offsetFormats = new Map<string, Intl.DateTimeFormat>();
+
+/** The zone's offset from UTC at `at`, in ms (wall clock minus UTC). */
+function offsetMs(timezone: string, at: number): number {
+  let format = offsetFormats.get(timezone);
+  if (!format) {
+    format = new Intl.DateTimeFormat('en-US', {
+      timeZone: timezone,
+      hourCycle: 'h23',
+      year: 'numeric',
+      month: 'numeric',
+      day: 'numeric',
+      hour: 'numeric',
+      minute: 'numeric',
+      second: 'numeric',
+    });
+    offsetFormats.set(timezone, format);
+  }
+  const part = (parts: Intl.DateTimeFormatPart[], type: string) => Number(parts.find((p) => p.type === type)!.value);
+  const parts = format.formatToParts(new Date(Math.floor(at / 1_000) * 1_000));
+  const wall = Date.UTC(
+    part(parts, 'year'),
+    part(parts, 'month') - 1,
+    part(parts, 'day'),
+    part(parts, 'hour'),
+    part(parts, 'minute'),
+    part(parts, 'second'),
+  );
+  return wall - Math.floor(at / 1_000) * 1_000;
 }
 
 /**
