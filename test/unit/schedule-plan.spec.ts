@@ -66,8 +66,17 @@ describe('planFirings: the normal single due tick', () => {
     expect(warnings).toEqual([]);
   });
 
-  it('fires exactly at the tick, and late by most of a period', () => {
+  it('none skips a lone due tick later than the grace, as it skips missed ones (and fires one within it)', () => {
     const hourly = row({ cron: '0 * * * *', catchUp: 'none' });
+    const late = plan([hourly], new Date(T0.getTime() + 61_000)).firings[0]!;
+    expect(late).toMatchObject({ jobs: [], skipped: 1, nextRunAt: new Date('2026-05-01T11:00:00.000Z') });
+    expect(keys(plan([hourly], new Date(T0.getTime() + 59_000)).firings[0]!)).toEqual([
+      'schedule:tick:2026-05-01T10:00:00.000Z',
+    ]);
+  });
+
+  it('fires exactly at the tick, and late by most of a period', () => {
+    const hourly = row({ cron: '0 * * * *', catchUp: 'last' });
     for (const now of [T0, new Date(T0.getTime() + 3_599_999)]) {
       const [firing] = plan([hourly], now).firings;
       expect(keys(firing!)).toEqual(['schedule:tick:2026-05-01T10:00:00.000Z']);

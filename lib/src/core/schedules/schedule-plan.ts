@@ -82,7 +82,12 @@ function planRow(row: ScheduleRow, now: Date, options: PlanOptions): PlannedFiri
   });
 
   const second = nextTick(row.cron, row.timezone, first);
-  if (second === null || second.getTime() > now.getTime()) return firing([first], first, second, 0);
+  if (second === null || second.getTime() > now.getTime()) {
+    // One tick due: it fires however late, except under 'none', which runs no tick later than
+    // the grace (no instance fired it in time: missed, whether or not a later tick is due yet).
+    const missed = row.catchUp === 'none' && now.getTime() - first.getTime() > graceMs;
+    return missed ? firing([], first, second, 1) : firing([first], first, second, 0);
+  }
 
   // Missed ticks. Each next tick follows from the one before (not from now), so a wall-clock
   // time repeated by a DST fall-back is not fired twice.
