@@ -34,6 +34,7 @@ export type {
   SqlQueueReaderState,
   SqlQueueBrokerReading,
   SqlQueueScheduleReading,
+  SqlQueueScheduleTicks,
 } from './nest/sql-queue.metrics.js';
 export { DEFAULT_LATENCY_BUCKETS_SECONDS } from './core/queue-metrics.js';
 export type {

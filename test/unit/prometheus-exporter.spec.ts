@@ -45,6 +45,7 @@ function setup(options: { registry?: Registry; reading?: () => QueueHealthReadin
       },
     ],
     addListener: (listener: QueueEventListener) => listeners.push(listener),
+    scheduleTickCounts: () => [{ id: 'report.daily', queue: 'mail.out-1', fired: 3, skipped: 2 }],
     readSchedules: async (): Promise<SqlQueueScheduleReading> => ({
       ok: true,
       error: null,

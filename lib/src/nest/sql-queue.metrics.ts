@@ -81,7 +81,7 @@ export class SqlQueueMetrics {
   private brokerReading: { at: number; reading: Promise<SqlQueueBrokerReading> } | null = null;
   private scheduleReading: { at: number; reading: Promise<SqlQueueScheduleReading> } | null = null;
   /** Ticks fired and skipped by this process's scheduler, by schedule id. */
-  private readonly scheduleTicks = new Map<string, { fired: number; skipped: number }>();
+  private readonly scheduleTicks = new Map<string, SqlQueueScheduleTicks>();
 
   constructor(
     @Inject(SQL_QUEUE_RUNTIME) private readonly runtime: SqlQueueRuntime,
@@ -94,7 +94,8 @@ export class SqlQueueMetrics {
     if (runtime.options.broker) runtime.addListener(this.brokerEvents);
     runtime.addListener({
       scheduleFired: (event) => {
-        const ticks = this.scheduleTicks.get(event.id) ?? { fired: 0, skipped: 0 };
+        const ticks = this.scheduleTicks.get(event.id) ?? { id: event.id, queue: event.queue, fired: 0, skipped: 0 };
+        ticks.queue = event.queue;
         ticks.fired += event.ticks;
         ticks.skipped += event.skipped;
         this.scheduleTicks.set(event.id, ticks);
@@ -249,6 +250,14 @@ export class SqlQueueMetrics {
   }
 
   /**
+   * Ticks this process's scheduler fired and skipped, per schedule, since it started. No
+   * database round trip: counters stay continuous when a reading fails or a schedule is deleted.
+   */
+  scheduleTickCounts(): SqlQueueScheduleTicks[] {
+    return [...this.scheduleTicks.values()].map((ticks) => ({ ...ticks }));
+  }
+
+  /**
    * Recurring jobs: every schedule with its next and last fire time and how late it is (from
    * the database, on its clock), and the ticks this process fired and skipped. Reuses a reading
    * younger than `metrics.cacheMs`, never waits longer than `metrics.timeoutMs`, never throws.
@@ -284,7 +293,8 @@ export class SqlQueueMetrics {
           nextRunAt: row.nextRunAt,
           lastRunAt: row.lastRunAt,
           lagMs: !row.paused && row.nextRunAt !== null ? Math.max(0, now.getTime() - row.nextRunAt.getTime()) : 0,
-          ...(this.scheduleTicks.get(row.id) ?? { fired: 0, skipped: 0 }),
+          fired: this.scheduleTicks.get(row.id)?.fired ?? 0,
+          skipped: this.scheduleTicks.get(row.id)?.skipped ?? 0,
         })),
       };
     } catch (error) {
@@ -326,4 +336,12 @@ export interface SqlQueueScheduleReading {
     fired: number;
     skipped: number;
   }[];
+}
+
+/** Ticks one schedule's firings handled in this process (see SqlQueueMetrics.scheduleTickCounts()). */
+export interface SqlQueueScheduleTicks {
+  id: string;
+  queue: string;
+  fired: number;
+  skipped: number;
 }

@@ -129,10 +129,11 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
       help: "Ticks this process's scheduler handled: result fired (a job enqueued) or skipped (missed ticks catchUp did not run).",
       labelNames: ['schedule', 'queue', 'result'],
       registers,
-      async collect() {
-        const reading = await metrics.readSchedules();
+      // This process's counts, not the database reading: a failed reading or a deleted schedule
+      // must not make a counter vanish.
+      collect() {
         this.reset();
-        for (const s of reading.schedules) {
+        for (const s of metrics.scheduleTickCounts()) {
           this.inc({ schedule: s.id, queue: s.queue, result: 'fired' }, s.fired);
           this.inc({ schedule: s.id, queue: s.queue, result: 'skipped' }, s.skipped);
         }
