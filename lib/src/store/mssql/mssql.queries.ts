@@ -170,8 +170,10 @@ export const MSSQL_NO_STORE_TRANSACTION = 51004;
  * it holds) must last until the jobs are enqueued and the schedules advanced, and would
  * otherwise end with the statement. The session options as MSSQL_STORE_SESSION, and
  * DEADLOCK_PRIORITY LOW for the same reason (the store rolls back and the scheduler's next round
- * fires again; an application's transaction should not be the victim). The isolation level is
- * the transaction's own (begun READ COMMITTED).
+ * fires again; an application's transaction should not be the victim). Like every SET here it
+ * reverts when its sp_executesql batch ends, so it covers scheduleLockDue and scheduleAdvance
+ * only: the enqueue batch between them runs at the session's own priority (ENQUEUE_SESSION sets
+ * none). The isolation level is the transaction's own (begun READ COMMITTED).
  */
 export const MSSQL_STORE_TRANSACTION_SESSION = `IF @@TRANCOUNT = 0
   THROW ${MSSQL_NO_STORE_TRANSACTION}, N'nestjs-sql-queue: this statement runs in the store''s own transaction, but its connection has none', 1;
