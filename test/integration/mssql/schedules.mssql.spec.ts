@@ -93,11 +93,13 @@ describeEachMssqlDatabase('recurring jobs under concurrency', (db) => {
     const problems: string[] = [];
     for (let round = 0; round < ROUNDS && problems.length === 0; round++) {
       if (round > 0) {
-        // Due again, at a tick of its own per round (so its key is new).
+        // Due again, at a tick of its own per round (so its key is new): one second before the
+        // database's now, which only grows from round to round. (An offset of -round seconds
+        // would repeat an earlier round's tick whenever rounds happened to be 1 s apart.)
         await mssqlRows(
           db.url,
-          `UPDATE ${schedules} SET [NextRunAt] = DATEADD(second, -@round, SYSUTCDATETIME()) WHERE [Queue] = @queue;`,
-          (r) => r.input('round', sql.Int, round).input('queue', sql.NVarChar(128), queue),
+          `UPDATE ${schedules} SET [NextRunAt] = DATEADD(second, -1, SYSUTCDATETIME()) WHERE [Queue] = @queue;`,
+          (r) => r.input('queue', sql.NVarChar(128), queue),
         );
       }
       const fired = await Promise.all(
