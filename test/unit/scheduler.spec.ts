@@ -42,14 +42,36 @@ function setup(options: { maxPollMs?: number; minPollMs?: number; batch?: number
 }
 
 describe('SqlQueueScheduler', () => {
-  it('costs one scheduleDueIn per maxPollMs when nothing is due', async () => {
+  it('costs one scheduleDueIn per 30 s while there is no schedule at all', async () => {
     const { clock, store, scheduler } = setup({ maxPollMs: 5_000 });
+    scheduler.start();
+    await clock.advance(0);
+    expect(store.calls.scheduleDueIn).toBe(1);
+    await clock.advance(60_000);
+    expect(store.calls.scheduleDueIn).toBe(3);
+    expect(store.calls.fireDueSchedules).toBe(0);
+  });
+
+  it('costs one scheduleDueIn per maxPollMs when schedules exist and none is due', async () => {
+    const { clock, store, scheduler, schedule } = setup({ maxPollMs: 5_000 });
+    await schedule('daily', { cron: '0 0 * * *', queue: 'q' });
     scheduler.start();
     await clock.advance(0);
     expect(store.calls.scheduleDueIn).toBe(1);
     await clock.advance(60_000);
     expect(store.calls.scheduleDueIn).toBe(13);
     expect(store.calls.fireDueSchedules).toBe(0);
+  });
+
+  it('a schedule made here while there are none is seen at once (wake), not after the 30 s sleep', async () => {
+    const { clock, store, scheduler, schedule, fired } = setup({ maxPollMs: 5_000 });
+    scheduler.start();
+    await clock.advance(0);
+    await schedule('every', { cron: '* * * * * *', queue: 'q' });
+    scheduler.wake();
+    await clock.advance(2_000);
+    expect(fired.length).toBeGreaterThanOrEqual(1);
+    expect(store.calls.scheduleDueIn).toBeGreaterThanOrEqual(2);
   });
 
   it('a schedule due later than maxPollMs still costs one statement per maxPollMs until it is near', async () => {

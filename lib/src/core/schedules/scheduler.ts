@@ -16,6 +16,12 @@ export interface SqlQueueSchedulerDeps {
   minPollMs?: number;
   /** Schedules fired per transaction (default 100). */
   batch?: number;
+  /**
+   * Sleep while the database holds no schedule to fire at all (default 30 s, or maxPollMs if
+   * longer): an application that uses no recurring jobs pays one statement per 30 s, not per
+   * maxPollMs. A schedule made through this process's API wakes the loop at once.
+   */
+  emptyPollMs?: number;
   /** This process's default maxAttempts for a queue's jobs (NewJob.defaultMaxAttempts). */
   defaultMaxAttemptsFor(queue: string): number;
   /** See planFirings (defaults 1,000 and 60 s). */
@@ -36,6 +42,7 @@ export class SqlQueueScheduler {
   private readonly logger: QueueLogger;
   private readonly listeners: readonly QueueEventListener[];
   private readonly batch: number;
+  private readonly emptyPollMs: number;
   private readonly errorBackoff: PollBackoff;
   /** Due schedules another instance holds: pause before trying again instead of spinning. */
   private readonly heldBackoff: PollBackoff;
@@ -50,6 +57,7 @@ export class SqlQueueScheduler {
     this.logger = deps.logger ?? silentLogger;
     this.listeners = deps.listeners ?? [];
     this.batch = deps.batch ?? 100;
+    this.emptyPollMs = Math.max(deps.emptyPollMs ?? 30_000, deps.maxPollMs);
     const minPollMs = Math.min(deps.minPollMs ?? 1_000, deps.maxPollMs);
     this.errorBackoff = new PollBackoff(minPollMs, deps.maxPollMs, deps.random);
     this.heldBackoff = new PollBackoff(minPollMs, deps.maxPollMs, deps.random);
@@ -94,7 +102,7 @@ export class SqlQueueScheduler {
             held = false;
             this.heldBackoff.reset();
             if (this.woken) continue;
-            const wait = dueInMs === null ? this.deps.maxPollMs : Math.min(Math.ceil(dueInMs), this.deps.maxPollMs);
+            const wait = dueInMs === null ? this.emptyPollMs : Math.min(Math.ceil(dueInMs), this.deps.maxPollMs);
             const woke = await this.sleep(wait, true);
             dueNow = !woke && dueInMs !== null && dueInMs <= this.deps.maxPollMs;
             continue;
