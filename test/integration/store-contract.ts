@@ -11,7 +11,9 @@ import type { ClaimedJob, EnqueueOptions, NewJob } from '../../lib/src/core/type
 import { withTimeout } from '../../lib/src/core/timeout.js';
 import { prepareJob } from '../../lib/src/core/validation.js';
 import { uniqueSchema } from '../helpers/databases.js';
+import { fireNextHour, keyedAsTick, later, tickJob } from '../helpers/schedules.js';
 import { waitFor } from '../helpers/wait-for.js';
+import { scheduleJobKey } from '../../lib/src/core/schedules/schedule-options.js';
 
 /** A transaction opened the way an application would, to pass to enqueue. */
 export interface CallerTransaction {
@@ -1536,8 +1538,6 @@ export function describeStoreContract(target: StoreTarget): void {
 
       /** The database's clock: schedule times are set relative to it, never to this process's. */
       const dbNow = async () => (await schedules().scheduleDueIn()).now;
-      const later = (at: Date, ms: number) => new Date(at.getTime() + ms);
-      const tickKey = (id: string, tick: Date) => `schedule:${id}:${tick.toISOString()}`;
 
       function upsert(id: string, fields: Partial<ScheduleUpsert> & { queue: string }): ScheduleUpsert {
         return {
@@ -1553,25 +1553,7 @@ export function describeStoreContract(target: StoreTarget): void {
         };
       }
 
-      /** A tick's job as core builds it: the row's queue and payload, keyed by schedule and tick. */
-      function tickJob(row: ScheduleRow, tick: Date): NewJob {
-        return keyed(job(row.queue, JSON.parse(row.payload), JSON.parse(row.options) as EnqueueOptions), row.id, tick);
-      }
-
-      /** The job with a tick's key, which only the scheduler gives (an enqueue call may not). */
-      const keyed = (newJob: NewJob, id: string, tick: Date): NewJob => ({
-        ...newJob,
-        idempotencyKey: tickKey(id, tick),
-      });
-
-      /** Fires each due row's tick (its next_run_at) and moves it an hour past now. */
-      const fireNext = (rows: readonly ScheduleRow[], now: Date): ScheduleFiring[] =>
-        rows.map((row) => ({
-          id: row.id,
-          jobs: [tickJob(row, row.nextRunAt!)],
-          nextRunAt: later(now, HOUR),
-          lastTick: row.nextRunAt,
-        }));
+      const fireNext = fireNextHour;
 
       beforeEach(async () => {
         // fireDueSchedules reads every queue's schedules: each test starts with none.
@@ -1742,7 +1724,7 @@ export function describeStoreContract(target: StoreTarget): void {
         expect(claimed).toMatchObject({
           payload: { report: 'daily' },
           priority: 4,
-          idempotencyKey: tickKey(due, tick),
+          idempotencyKey: scheduleJobKey(due, tick),
         });
         const record = await schedules().getSchedule(due);
         expect(record!.nextRunAt!.getTime()).toBe(later(planNow, HOUR).getTime());
@@ -1800,7 +1782,7 @@ export function describeStoreContract(target: StoreTarget): void {
         const [missed, tick] = [later(now, -2 * 60_000), later(now, -60_000)];
         await schedules().upsertSchedules([upsert(id, { queue, nextRunAt: missed })]);
         // The later tick was enqueued already (a trigger, or a firing whose advance was lost).
-        const [existing] = await store.enqueue([keyed(job(queue, { early: true }), id, tick)]);
+        const [existing] = await store.enqueue([keyedAsTick(job(queue, { early: true }), id, tick)]);
         const fired = await schedules().fireDueSchedules(10, (rows, at) =>
           rows.map((row) => ({
             id: row.id,
@@ -1841,7 +1823,7 @@ export function describeStoreContract(target: StoreTarget): void {
           keys.push(claimed[0]!.idempotencyKey);
           await store.complete([{ id: claimed[0]!.id, claimToken: claimed[0]!.claimToken }]);
         }
-        expect(keys).toEqual([null, ...ticks.map((tick) => tickKey(id, tick))]);
+        expect(keys).toEqual([null, ...ticks.map((tick) => scheduleJobKey(id, tick))]);
         expect(await store.claim({ queue, limit: 10, leaseMs: 30_000, workerId: WORKER })).toEqual([]);
       });
 

@@ -1,17 +1,14 @@
 import { PGlite } from '@electric-sql/pglite';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import type { ScheduleFiring, ScheduleRow, ScheduleUpsert } from '../../lib/src/core/schedules/schedule.types.js';
-import type { NewJob } from '../../lib/src/core/types.js';
-import { prepareJob } from '../../lib/src/core/validation.js';
 import { createPostgresStore } from '../../lib/src/store/postgres/postgres.connect.js';
 import type { PostgresQueueStore } from '../../lib/src/store/postgres/postgres.store.js';
+import { HOUR_MS as HOUR, later, tickJob } from '../helpers/schedules.js';
 
 /**
  * The PostgreSQL ScheduleStore on PGlite (one session, its own transaction API): the shared
  * contract runs on pg.Pool only, so the firing transaction is checked here on the other driver.
  */
-const HOUR = 3_600_000;
-const LIMITS = { maxPayloadBytes: 1024 * 1024, defaultMaxAttempts: 3 };
 let store: PostgresQueueStore;
 
 beforeAll(async () => {
@@ -20,11 +17,6 @@ beforeAll(async () => {
 });
 afterAll(() => store.close());
 
-const later = (at: Date, ms: number) => new Date(at.getTime() + ms);
-const tickJob = (row: ScheduleRow, tick: Date): NewJob => ({
-  ...prepareJob(row.queue, JSON.parse(row.payload), JSON.parse(row.options) as object, LIMITS),
-  idempotencyKey: `schedule:${row.id}:${tick.toISOString()}`,
-});
 const upsert = (id: string, queue: string, nextRunAt: Date | null, options = '{}'): ScheduleUpsert => ({
   id,
   queue,

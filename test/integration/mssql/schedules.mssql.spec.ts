@@ -10,11 +10,11 @@
 import sql from 'mssql';
 import { afterAll, expect, it } from 'vitest';
 import type { QueueStore } from '../../../lib/src/core/queue-store.js';
-import type { NewJob } from '../../../lib/src/core/types.js';
-import type { ScheduleFiring, ScheduleRow, ScheduleUpsert } from '../../../lib/src/core/schedules/schedule.types.js';
+import type { ScheduleUpsert } from '../../../lib/src/core/schedules/schedule.types.js';
 import { createMssqlStore } from '../../../lib/src/store/mssql/mssql.connect.js';
 import type { MssqlQueueStore } from '../../../lib/src/store/mssql/mssql.store.js';
 import { within } from '../../helpers/drills.js';
+import { fireNextHour, later } from '../../helpers/schedules.js';
 import { beginCallerTransaction, mssqlRows, withErrorNumber } from '../../helpers/mssql.js';
 import { describeEachMssqlDatabase, useMssqlSchema } from './mssql-databases.js';
 
@@ -23,9 +23,6 @@ const ROUNDS = 10;
 const SCHEDULES = 30;
 /** Far below the 15 s request timeout a fire waiting on an open transaction would hit. */
 const PROMPTLY_MS = 5_000;
-const HOUR = 3_600_000;
-
-const later = (at: Date, ms: number) => new Date(at.getTime() + ms);
 
 function upsert(id: string, queue: string, nextRunAt: Date | null): ScheduleUpsert {
   return {
@@ -41,29 +38,7 @@ function upsert(id: string, queue: string, nextRunAt: Date | null): ScheduleUpse
   };
 }
 
-/** A tick's job as core builds it, keyed by schedule and tick. */
-function tickJob(row: ScheduleRow, tick: Date): NewJob {
-  return {
-    queue: row.queue,
-    payload: JSON.stringify({ schedule: row.id, tick: tick.toISOString() }),
-    priority: 0,
-    runAt: null,
-    delayMs: 0,
-    groupKey: null,
-    idempotencyKey: `schedule:${row.id}:${tick.toISOString()}`,
-    maxAttempts: null,
-    defaultMaxAttempts: 3,
-  };
-}
-
-/** Fires each row's due tick and moves it an hour past the round's now. */
-const fireNext = (rows: readonly ScheduleRow[], now: Date): ScheduleFiring[] =>
-  rows.map((row) => ({
-    id: row.id,
-    jobs: [tickJob(row, row.nextRunAt!)],
-    nextRunAt: later(now, HOUR),
-    lastTick: row.nextRunAt,
-  }));
+const fireNext = fireNextHour;
 
 describeEachMssqlDatabase('recurring jobs under concurrency', (db) => {
   const { schema, store: queueStore, newQueue } = useMssqlSchema(db, 'sched', 4);
