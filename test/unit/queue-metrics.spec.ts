@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { SqlQueueConfigError } from '../../lib/src/core/errors.js';
 import {
+  SharedReading,
   emptyQueueHealth,
   LatencyHistogram,
   QueueEventMetrics,
@@ -144,5 +145,31 @@ describe('QueueHealthReader', () => {
       options,
     );
     await expect(reader.read()).resolves.toMatchObject({ ok: false, error: 'connection refused' });
+  });
+});
+
+describe('SharedReading', () => {
+  it('shares one reading for maxAgeMs, reads again after it, and never reuses a failed one', async () => {
+    let now = 0;
+    const results = [
+      { ok: true, n: 1 },
+      { ok: false, n: 2 },
+      { ok: true, n: 3 },
+    ];
+    let reads = 0;
+    const shared = new SharedReading(
+      async () => results[reads++]!,
+      5_000,
+      () => now,
+    );
+    expect(await shared.get()).toEqual({ ok: true, n: 1 });
+    now = 4_999;
+    expect(await shared.get()).toEqual({ ok: true, n: 1 });
+    expect(reads).toBe(1);
+    now = 5_000;
+    expect(await shared.get()).toEqual({ ok: false, n: 2 });
+    now = 5_001; // well within maxAgeMs of the failed reading
+    expect(await shared.get()).toEqual({ ok: true, n: 3 });
+    expect(reads).toBe(3);
   });
 });

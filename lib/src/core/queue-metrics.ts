@@ -393,3 +393,31 @@ export class BrokerEventCounts implements QueueEventListener {
     this.figures(event.queue).notificationLost++;
   }
 }
+
+/**
+ * One reading shared by every caller for `maxAgeMs` (scrapers, health endpoints), so several
+ * scrapes cost one round trip. A failed reading (`ok: false`) is not reused: the next call
+ * reads again. `read` must not throw (it reports failure in its result).
+ */
+export class SharedReading<T extends { ok: boolean }> {
+  private last: { at: number; reading: Promise<T> } | null = null;
+
+  constructor(
+    private readonly read: (startedAt: number) => Promise<T>,
+    private readonly maxAgeMs: number,
+    private readonly now: () => number = Date.now,
+  ) {}
+
+  get(): Promise<T> {
+    const now = this.now();
+    if (!this.last || now - this.last.at >= this.maxAgeMs) {
+      const reading = this.read(now);
+      const last = { at: now, reading };
+      this.last = last;
+      void reading.then((r) => {
+        if (!r.ok && this.last === last) this.last = null;
+      });
+    }
+    return this.last.reading;
+  }
+}

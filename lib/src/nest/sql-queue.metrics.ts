@@ -1,9 +1,10 @@
 import { Inject, Injectable } from '@nestjs/common';
 import type { QueueEventListener } from '../core/events.js';
-import type { BrokerQueueStats, BrokerRuntimeApi } from '../broker/broker.types.js';
+import type { BrokerQueueStats } from '../broker/broker.types.js';
 import { withTimeout } from '../core/timeout.js';
 import {
   BrokerEventCounts,
+  SharedReading,
   type BrokerEventFigures,
   emptyQueueHealth,
   QueueEventMetrics,
@@ -78,8 +79,8 @@ export class SqlQueueMetrics {
   private readonly events: QueueEventMetrics;
   private readonly reader: QueueHealthReader;
   private readonly brokerEvents = new BrokerEventCounts();
-  private brokerReading: { at: number; reading: Promise<SqlQueueBrokerReading> } | null = null;
-  private scheduleReading: { at: number; reading: Promise<SqlQueueScheduleReading> } | null = null;
+  private readonly brokerReading: SharedReading<SqlQueueBrokerReading>;
+  private readonly scheduleReading: SharedReading<SqlQueueScheduleReading>;
   /** Ticks fired and skipped by this process's scheduler, by schedule id. */
   private readonly scheduleTicks = new Map<string, SqlQueueScheduleTicks>();
 
@@ -91,6 +92,11 @@ export class SqlQueueMetrics {
     this.reader = new QueueHealthReader(runtime.store, runtime.options.metrics);
     // Registered at construction, before the consumer starts on bootstrap: no event is missed.
     runtime.addListener(this.events);
+    this.brokerReading = new SharedReading((startedAt) => this.queryBroker(startedAt), runtime.options.metrics.cacheMs);
+    this.scheduleReading = new SharedReading(
+      (startedAt) => this.querySchedules(startedAt),
+      runtime.options.metrics.cacheMs,
+    );
     if (runtime.options.broker) runtime.addListener(this.brokerEvents);
     runtime.addListener({
       scheduleFired: (event) => {
@@ -204,21 +210,11 @@ export class SqlQueueMetrics {
    * figures are there either way.
    */
   async readBroker(): Promise<SqlQueueBrokerReading | null> {
-    const broker = this.runtime.broker;
-    if (!broker) return null;
-    const now = Date.now();
-    if (!this.brokerReading || now - this.brokerReading.at >= this.options.cacheMs) {
-      const reading = this.queryBroker(broker, now);
-      this.brokerReading = { at: now, reading };
-      // A failed reading is not reused.
-      void reading.then((r) => {
-        if (!r.ok && this.brokerReading?.reading === reading) this.brokerReading = null;
-      });
-    }
-    return this.brokerReading.reading;
+    return this.runtime.broker ? this.brokerReading.get() : null;
   }
 
-  private async queryBroker(broker: BrokerRuntimeApi, startedAt: number): Promise<SqlQueueBrokerReading> {
+  private async queryBroker(startedAt: number): Promise<SqlQueueBrokerReading> {
+    const broker = this.runtime.broker!;
     const snapshot = broker.snapshot();
     const process = (name: string) => {
       const local = snapshot.queues.find((q) => q.queue === name);
@@ -262,16 +258,8 @@ export class SqlQueueMetrics {
    * the database, on its clock), and the ticks this process fired and skipped. Reuses a reading
    * younger than `metrics.cacheMs`, never waits longer than `metrics.timeoutMs`, never throws.
    */
-  async readSchedules(): Promise<SqlQueueScheduleReading> {
-    const now = Date.now();
-    if (!this.scheduleReading || now - this.scheduleReading.at >= this.options.cacheMs) {
-      const reading = this.querySchedules(now);
-      this.scheduleReading = { at: now, reading };
-      void reading.then((r) => {
-        if (!r.ok && this.scheduleReading?.reading === reading) this.scheduleReading = null;
-      });
-    }
-    return this.scheduleReading.reading;
+  readSchedules(): Promise<SqlQueueScheduleReading> {
+    return this.scheduleReading.get();
   }
 
   private async querySchedules(startedAt: number): Promise<SqlQueueScheduleReading> {
