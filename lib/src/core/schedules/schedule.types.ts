@@ -79,22 +79,10 @@ export interface ScheduleUpsert {
   nextRunAt: Date | null;
 }
 
-/** A schedule row as the store reads it (JSON still text). */
-export interface ScheduleRow {
-  id: string;
-  queue: string;
-  cron: string;
-  timezone: string;
+/** A schedule row as the store reads it: a record whose payload and options are still JSON text. */
+export interface ScheduleRow extends Omit<ScheduleRecord, 'payload' | 'options'> {
   payload: string;
   options: string;
-  catchUp: ScheduleCatchUp;
-  paused: boolean;
-  source: ScheduleSource;
-  nextRunAt: Date | null;
-  lastRunAt: Date | null;
-  lastTick: Date | null;
-  createdAt: Date;
-  updatedAt: Date;
 }
 
 /** What firing one due schedule does, decided by core from the locked row and the database's now. */
