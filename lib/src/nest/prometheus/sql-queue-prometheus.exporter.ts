@@ -79,35 +79,25 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
 
   /** Recurring jobs: from one cached, bounded reading of the schedules, and this process's tick counts. */
   private registerScheduleMetrics(metrics: SqlQueueMetrics): void {
-    const registers = [this.registry];
-    const labelNames = ['schedule', 'queue'];
+    const read = () => metrics.readSchedules();
     const gauge = (
       suffix: string,
       help: string,
       value: (s: SqlQueueScheduleReading['schedules'][number]) => number | null,
     ) =>
-      new Gauge({
-        name: this.name(suffix),
-        help,
-        labelNames,
-        registers,
-        async collect() {
-          const reading = await metrics.readSchedules();
-          this.reset();
-          for (const s of reading.schedules) {
-            const v = value(s);
-            if (v !== null) this.set({ schedule: s.id, queue: s.queue }, v);
-          }
-        },
+      this.readingGauge(read, suffix, help, ['schedule', 'queue'], (g, reading) => {
+        for (const s of reading.schedules) {
+          const v = value(s);
+          if (v !== null) g.set({ schedule: s.id, queue: s.queue }, v);
+        }
       });
-    new Gauge({
-      name: this.name('schedules_up'),
-      help: 'Whether the last scrape could read the recurring schedules from the database in time (1) or not (0).',
-      registers,
-      async collect() {
-        this.set((await metrics.readSchedules()).ok ? 1 : 0);
-      },
-    });
+    this.readingGauge(
+      read,
+      'schedules_up',
+      'Whether the last scrape could read the recurring schedules from the database in time (1) or not (0).',
+      [],
+      (g, reading) => g.set(reading.ok ? 1 : 0),
+    );
     gauge(
       'schedule_next_fire_timestamp_seconds',
       'When the schedule fires next (Unix time); absent when paused or it has no later tick.',
@@ -128,7 +118,7 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
       name: this.name('schedule_ticks_total'),
       help: "Ticks this process's scheduler handled: result fired (a job enqueued) or skipped (missed ticks catchUp did not run).",
       labelNames: ['schedule', 'queue', 'result'],
-      registers,
+      registers: [this.registry],
       // This process's counts, not the database reading: a failed reading or a deleted schedule
       // must not make a counter vanish.
       collect() {
@@ -143,42 +133,19 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
 
   /** Service Broker queues: database gauges from one cached, bounded reading, and this process's counts. */
   private registerBrokerMetrics(metrics: SqlQueueMetrics): void {
-    const registers = [this.registry];
     const read = async (): Promise<SqlQueueBrokerReading> => (await metrics.readBroker())!;
     const gauge = (
       suffix: string,
       help: string,
       labelNames: string[],
       fill: (g: Gauge<string>, r: SqlQueueBrokerReading) => void,
-    ) =>
-      new Gauge({
-        name: this.name(suffix),
-        help,
-        labelNames,
-        registers,
-        async collect() {
-          const r = await read();
-          this.reset();
-          fill(this, r);
-        },
-      });
+    ) => this.readingGauge(read, suffix, help, labelNames, fill);
     const counter = (
       suffix: string,
       help: string,
       labelNames: string[],
       fill: (c: Counter<string>, r: SqlQueueBrokerReading) => void,
-    ) =>
-      new Counter({
-        name: this.name(suffix),
-        help,
-        labelNames,
-        registers,
-        async collect() {
-          const r = await read();
-          this.reset();
-          fill(this, r);
-        },
-      });
+    ) => this.readingCounter(read, suffix, help, labelNames, fill);
     gauge(
       'broker_up',
       'Whether the last scrape could read the Service Broker figures from the database in time (1) or not (0).',
@@ -269,6 +236,48 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
     // The engine's listener list cannot shrink; a closed exporter just ignores later events.
     this.closed = true;
     for (const name of this.names.splice(0)) this.registry.removeSingleMetric(name);
+  }
+
+  /** A gauge refilled at scrape time from a shared reading (read once per scrape for all of them). */
+  private readingGauge<R>(
+    read: () => Promise<R>,
+    suffix: string,
+    help: string,
+    labelNames: string[],
+    fill: (gauge: Gauge<string>, reading: R) => void,
+  ): void {
+    new Gauge({
+      name: this.name(suffix),
+      help,
+      labelNames,
+      registers: [this.registry],
+      async collect() {
+        const reading = await read();
+        this.reset();
+        fill(this, reading);
+      },
+    });
+  }
+
+  /** A counter refilled at scrape time from a shared reading of this process's counts. */
+  private readingCounter<R>(
+    read: () => Promise<R>,
+    suffix: string,
+    help: string,
+    labelNames: string[],
+    fill: (counter: Counter<string>, reading: R) => void,
+  ): void {
+    new Counter({
+      name: this.name(suffix),
+      help,
+      labelNames,
+      registers: [this.registry],
+      async collect() {
+        const reading = await read();
+        this.reset();
+        fill(this, reading);
+      },
+    });
   }
 
   /** Claims a metric name, refusing one the registry already holds (recorded only if ours). */
