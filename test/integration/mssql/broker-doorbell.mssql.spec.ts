@@ -33,6 +33,8 @@ describeEachMssqlDatabase(
     });
 
     const handled: { n: number; at: number }[] = [];
+    /** Queues whose reader got an empty claim: it then sleeps its poll. */
+    const idle = new Set<string>();
 
     @QueueHandler('emails')
     @Injectable()
@@ -49,6 +51,7 @@ describeEachMssqlDatabase(
         broker: { doorbell: true, waitTimeoutMs: 1_000 },
         // An idle reader polls every 20 s: only the doorbell can wake it sooner.
         consumer: { enabled: consume, minPollMs: 20_000, maxPollMs: 20_000 },
+        listeners: [{ emptyClaim: ({ queue }) => idle.add(queue) }],
       };
       @Module({
         imports: [ScheduleModule.forRoot(), SqlQueueModule.forRoot(options)],
@@ -66,8 +69,12 @@ describeEachMssqlDatabase(
     it('an enqueue in a producer process wakes the idle reader of a consumer process at once', async () => {
       await boot(true);
       const producer = (await boot(false)).get(QueueProducer);
-      // Let the consumer's first (empty) claim pass, so that its reader sleeps its 20 s poll.
-      await new Promise((resolve) => setTimeout(resolve, 2_000));
+      // The consumer's first claim came back empty: its reader now sleeps its 20 s poll.
+      await waitFor(
+        () => idle.has('emails'),
+        (yes) => yes,
+        { timeoutMs: 15_000, what: "the consumer's first empty claim" },
+      );
       const sentAt = Date.now();
       await producer.enqueue('emails', { n: 1 });
       await waitFor(
@@ -83,12 +90,16 @@ describeEachMssqlDatabase(
       await Promise.all(apps.splice(0).map((app) => app.close()));
       const producer = (await boot(false)).get(QueueProducer);
       for (let i = 0; i < 200; i++) await producer.enqueue('reports', { i });
-      await new Promise((resolve) => setTimeout(resolve, 500));
-      const [row] = await mssqlRows<{ Messages: number }>(db.url, messagesInQueue(broker.doorbell!.queue));
-      // One waiting ring per table queue (a race may let a second one through); at least one, or
-      // this would pass with a doorbell that never rings.
-      expect(row!.Messages).toBeGreaterThanOrEqual(1);
-      expect(row!.Messages).toBeLessThanOrEqual(2);
+      const waiting = async () =>
+        (await mssqlRows<{ Messages: number }>(db.url, messagesInQueue(broker.doorbell!.queue)))[0]!.Messages;
+      // At least one ring (or this would pass with a doorbell that never rings)…
+      const rings = await waitFor(waiting, (n) => n >= 1, {
+        timeoutMs: 10_000,
+        intervalMs: 100,
+        what: 'a waiting ring',
+      });
+      // …and one waiting ring per table queue (a race may let a second one through), not 200.
+      expect(rings).toBeLessThanOrEqual(2);
     });
   },
   (db) => !db.readCommittedSnapshot,
