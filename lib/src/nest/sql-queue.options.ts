@@ -27,7 +27,7 @@ import { DEFAULT_WAKE_INTERVAL_MS } from '../core/wake.js';
 import type { SqlQueueConnection } from '../store/create-store.js';
 import { resolveBrokerOptions } from '../broker/broker.options.js';
 import type { BrokerOptions, ResolvedBrokerOptions } from '../broker/broker.types.js';
-import { validateScheduleDefinition } from '../core/schedules/schedule-options.js';
+import { validateScheduleDefinition, type ValidScheduleDefinition } from '../core/schedules/schedule-options.js';
 import type { ScheduleDefinition } from '../core/schedules/schedule.types.js';
 
 /** Options of `SqlQueueModule.forRoot()` / `forRootAsync()`. */
@@ -87,8 +87,8 @@ export interface ResolvedModuleOptions {
   listeners: QueueEventListener[];
   metrics: ResolvedMetricsOptions;
   broker: ResolvedBrokerOptions | null;
-  /** Validated at boot; upserted once connected. */
-  schedules: Record<string, ScheduleDefinition>;
+  /** Validated (JSON serialized, defaults filled in) before connecting; upserted once connected. */
+  schedules: Record<string, ValidScheduleDefinition>;
   pruneSchedules: boolean;
   scheduler: { enabled: boolean; maxPollMs: number };
 }
@@ -131,10 +131,11 @@ export function resolveModuleOptions(raw: SqlQueueModuleOptions): ResolvedModule
     2,
     64 * 1024 * 1024,
   );
-  const schedules = assertOptionGroup('schedules', raw.schedules) as Record<string, ScheduleDefinition>;
-  for (const [id, definition] of Object.entries(schedules)) {
-    validateScheduleDefinition(id, definition, maxPayloadBytes, SqlQueueConfigError);
-  }
+  const schedules = Object.fromEntries(
+    Object.entries(assertOptionGroup('schedules', raw.schedules) as Record<string, ScheduleDefinition>).map(
+      ([id, definition]) => [id, validateScheduleDefinition(id, definition, maxPayloadBytes, SqlQueueConfigError)],
+    ),
+  );
   const scheduler = assertOptionGroup('scheduler', raw.scheduler, ['enabled', 'maxPollMs']);
   const consumer = resolveConsumerOptions(raw.consumer);
   return {

@@ -15,7 +15,7 @@ import type { BrokerRuntimeApi } from '../broker/broker.types.js';
 import type { MssqlQueueStore } from '../store/mssql/mssql.store.js';
 import { BROKER_NEEDS_SQL_SERVER } from './broker-handlers.js';
 import { SqlQueueConfigError } from '../core/errors.js';
-import { toScheduleUpsert } from '../core/schedules/schedule-options.js';
+import { scheduleUpsertOf } from '../core/schedules/schedule-options.js';
 
 const STORE_CLOSE_TIMEOUT_MS = 5_000;
 
@@ -201,8 +201,6 @@ async function upsertOptionSchedules(store: QueueStore, options: ResolvedModuleO
   const entries = Object.entries(options.schedules);
   if (entries.length === 0 && !options.pruneSchedules) return;
   const { now } = await store.scheduleDueIn();
-  const items = entries.map(([id, definition]) =>
-    toScheduleUpsert(id, definition, 'options', now, options.maxPayloadBytes, SqlQueueConfigError),
-  );
+  const items = entries.map(([id, valid]) => scheduleUpsertOf(id, valid, 'options', now));
   await store.upsertSchedules(items, options.pruneSchedules ? 'options' : undefined);
 }

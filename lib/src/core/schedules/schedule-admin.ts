@@ -2,7 +2,12 @@ import { SqlQueueValidationError } from '../errors.js';
 import type { QueueStore } from '../queue-store.js';
 import type { EnqueueResult } from '../types.js';
 import { nextTick } from './schedule-cron.js';
-import { assertScheduleId, toScheduleRecord, toScheduleUpsert } from './schedule-options.js';
+import {
+  assertScheduleId,
+  scheduleUpsertOf,
+  toScheduleRecord,
+  validateScheduleDefinition,
+} from './schedule-options.js';
 import { scheduleTickJob } from './schedule-plan.js';
 import type { ScheduleDefinition, ScheduleRecord } from './schedule.types.js';
 
@@ -39,13 +44,11 @@ export class ScheduleAdmin {
    * next tick after now; other changes (payload, queue, options, catchUp) from the next firing.
    */
   async schedule(id: string, definition: ScheduleDefinition): Promise<ScheduleRecord> {
-    assertScheduleId(id);
-    // Validated twice (here for the queue, in toScheduleUpsert with the database's now), both before any SQL.
-    toScheduleUpsert(id, definition, 'api', new Date(0), this.deps.maxPayloadBytes);
-    const problem = this.deps.checkQueue(id, definition.queue);
+    const valid = validateScheduleDefinition(id, definition, this.deps.maxPayloadBytes);
+    const problem = this.deps.checkQueue(id, valid.queue);
     if (problem) throw new SqlQueueValidationError(problem);
     const { now } = await this.deps.store.scheduleDueIn();
-    await this.deps.store.upsertSchedules([toScheduleUpsert(id, definition, 'api', now, this.deps.maxPayloadBytes)]);
+    await this.deps.store.upsertSchedules([scheduleUpsertOf(id, valid, 'api', now)]);
     this.deps.changed();
     return (await this.get(id))!;
   }

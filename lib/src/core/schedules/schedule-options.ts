@@ -113,7 +113,16 @@ export function toScheduleUpsert(
   maxPayloadBytes: number,
   error: ErrorClass = SqlQueueValidationError,
 ): ScheduleUpsert {
-  const valid = validateScheduleDefinition(id, definition, maxPayloadBytes, error);
+  return scheduleUpsertOf(id, validateScheduleDefinition(id, definition, maxPayloadBytes, error), source, now);
+}
+
+/** The upsert of a definition already validated, with its first tick after `now` (database time). */
+export function scheduleUpsertOf(
+  id: string,
+  valid: ValidScheduleDefinition,
+  source: ScheduleSource,
+  now: Date,
+): ScheduleUpsert {
   return {
     id,
     queue: valid.queue,
