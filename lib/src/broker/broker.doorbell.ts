@@ -4,6 +4,7 @@ import type { QueueLogger } from '../core/logger.js';
 import { doorbellRingPending, receiveRings } from './broker.doorbell.queries.js';
 import { BROKER_SYSTEM } from './broker.names.js';
 import { endConversation } from './broker.reader.queries.js';
+import { commitOrRollback } from './broker.session.js';
 import type { BrokerSender } from './broker.sender.js';
 import type { BrokerDriver, BrokerSession, ResolvedBrokerQueue } from './broker.types.js';
 
@@ -81,7 +82,7 @@ export class BrokerDoorbell {
         } catch (error) {
           const open: BrokerSession | null = session;
           session = null;
-          if (open) await this.endQuietly(open);
+          if (open) await commitOrRollback(open);
           if (stop.signal.aborted) break;
           this.options.logger.warn(
             `Service Broker doorbell: listening failed (${(error as Error).message}); readers keep polling, trying again`,
@@ -139,18 +140,5 @@ export class BrokerDoorbell {
     }
     await session.commit();
     return woken;
-  }
-
-  /**
-   * After a failure: commit (what was received is only rings; losing them costs latency) and roll
-   * back only if that fails. A rollback of a receive counts toward Service Broker's five-rollback
-   * queue disable.
-   */
-  private async endQuietly(session: BrokerSession): Promise<void> {
-    try {
-      await session.commit();
-    } catch {
-      await session.rollback().catch(() => undefined);
-    }
   }
 }

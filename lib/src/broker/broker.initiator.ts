@@ -2,6 +2,7 @@ import { silentLogger, type QueueLogger } from '../core/logger.js';
 import { parseBrokerErrorBody } from './broker.body.js';
 import { BROKER_SYSTEM } from './broker.names.js';
 import { giveBackInitiatorMessages, receiveInitiator, settleEndedDialog } from './broker.sender.queries.js';
+import { commitOrRollback } from './broker.session.js';
 import type { BrokerDriver, BrokerSession, ResolvedBrokerQueue } from './broker.types.js';
 
 export interface BrokerInitiatorReaderOptions {
@@ -146,15 +147,6 @@ export class BrokerInitiatorReader {
       // The server doomed the transaction: only a full rollback can end it.
       await session.rollback().catch(() => undefined);
     }
-  }
-}
-
-/** Ends a transaction that received nothing: commit; when the server refuses, roll back. */
-async function commitOrRollback(session: BrokerSession): Promise<void> {
-  try {
-    await session.commit();
-  } catch {
-    await session.rollback().catch(() => undefined);
   }
 }
 

@@ -1,4 +1,5 @@
 import { PollBackoff } from '../core/backoff.js';
+import { commitOrRollback } from './broker.session.js';
 import type { Clock } from '../core/clock.js';
 import { safeEmit, type QueueEventListener } from '../core/events.js';
 import { ThrottledErrorLog, type QueueLogger } from '../core/logger.js';
@@ -182,7 +183,7 @@ export class BrokerActivationListener {
         backoff.reset();
         this.route(rows);
       } catch (error) {
-        if (session) await this.endAfterFailure(session);
+        if (session) await commitOrRollback(session);
         if (this.stopping) return;
         const pause = backoff.next();
         this.receiveErrors.failed(error, pause);
@@ -225,21 +226,6 @@ export class BrokerActivationListener {
       await session.query(endBrokenNotificationDialog(), {
         handle: { type: 'uniqueidentifier', value: row.conversation_handle },
       });
-    }
-  }
-
-  /**
-   * After a failed round: commit, so that notifications received before the failure are not
-   * rolled back (five rollbacks of RECEIVE disable the notification queue, and a lost
-   * notification only waits for the poll); after a cancelled WAITFOR nothing was received.
-   * A transaction that cannot commit (doomed, connection gone) is rolled back or dies with
-   * its connection.
-   */
-  private async endAfterFailure(session: BrokerSession): Promise<void> {
-    try {
-      await session.commit();
-    } catch {
-      await session.rollback().catch(() => undefined);
     }
   }
 
