@@ -1,6 +1,6 @@
-import { Module } from '@nestjs/common';
+import { Module, type Type } from '@nestjs/common';
 import { afterAll, describe, expect, it } from 'vitest';
-import { QueueHandler, QueueProducer, SqlQueueModule } from '../../lib/src/index.js';
+import { QueueHandler, QueueProducer, SqlQueueModule, type SqlQueueModuleOptions } from '../../lib/src/index.js';
 import { dropPgSchema, PG_URL, uniqueSchema } from '../helpers/databases.js';
 import { createQueueApp } from '../helpers/queue-app.js';
 
@@ -9,6 +9,21 @@ import { createQueueApp } from '../helpers/queue-app.js';
 
 const schema = uniqueSchema('nest_broker');
 afterAll(() => dropPgSchema(schema));
+
+/**
+ * Boots against SQL Server on port 1, where nothing listens: a check that passes would fail
+ * there with a connection error, never with the message a test expects.
+ */
+const bootMssql = (options: Partial<SqlQueueModuleOptions>, imports: Type[] = []) =>
+  createQueueApp({
+    schema,
+    queueModule: SqlQueueModule.forRoot({
+      connection: { dialect: 'mssql', url: 'mssql://sa:x@127.0.0.1:1/none' },
+      schema,
+      ...options,
+    }),
+    imports,
+  });
 
 describe('the broker option', () => {
   it('fails the boot on PostgreSQL, naming the fix', async () => {
@@ -25,17 +40,9 @@ describe('the broker option', () => {
   });
 
   it('refuses a broker queue that is also a table queue', async () => {
-    await expect(
-      createQueueApp({
-        schema,
-        queueModule: SqlQueueModule.forRoot({
-          connection: { dialect: 'mssql', url: 'mssql://sa:x@127.0.0.1:1/none' },
-          schema,
-          queues: { orders: {} },
-          broker: { queues: { orders: {} } },
-        }),
-      }),
-    ).rejects.toThrow(/orders/);
+    await expect(bootMssql({ queues: { orders: {} }, broker: { queues: { orders: {} } } })).rejects.toThrow(
+      /broker.queues\['orders'\]: 'orders' is also a table queue/,
+    );
   });
 
   it('refuses table-queue options on the @QueueHandler of a broker queue, before connecting', async () => {
@@ -45,33 +52,17 @@ describe('the broker option', () => {
     }
     @Module({ providers: [OrdersHandler] })
     class Handlers {}
-    await expect(
-      createQueueApp({
-        schema,
-        // Port 1: nothing listens, so reaching the database would fail with another message.
-        queueModule: SqlQueueModule.forRoot({
-          connection: { dialect: 'mssql', url: 'mssql://sa:x@127.0.0.1:1/none' },
-          schema,
-          broker: { queues: { orders: {} } },
-        }),
-        imports: [Handlers],
-      }),
-    ).rejects.toThrow(
+    await expect(bootMssql({ broker: { queues: { orders: {} } } }, [Handlers])).rejects.toThrow(
       /@QueueHandler\('orders'\) on OrdersHandler: 'leaseMs' applies to table queues only; a Service Broker queue takes minReaders, maxReaders, maxAttempts, maxDurationMs, backoff here/,
     );
   });
 
   it('refuses requestTimeoutMs too close to waitTimeoutMs, before connecting', async () => {
     await expect(
-      createQueueApp({
-        schema,
-        queueModule: SqlQueueModule.forRoot({
-          connection: { dialect: 'mssql', url: 'mssql://sa:x@127.0.0.1:1/none' },
-          schema,
-          broker: { queues: { orders: {} }, waitTimeoutMs: 5_000, requestTimeoutMs: 9_000 },
-        }),
-      }),
-    ).rejects.toThrow(/requestTimeoutMs/);
+      bootMssql({ broker: { queues: { orders: {} }, waitTimeoutMs: 5_000, requestTimeoutMs: 9_000 } }),
+    ).rejects.toThrow(
+      /broker.requestTimeoutMs \(9000\) must exceed broker.waitTimeoutMs \(5000\) by more than 5000 ms/,
+    );
   });
 
   it('send() on an app without broker queues names the option, before any SQL', async () => {
