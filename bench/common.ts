@@ -3,6 +3,7 @@ import mssql from 'mssql';
 import pg from 'pg';
 import { systemClock } from '../lib/src/core/clock.js';
 import { SqlQueueConsumer } from '../lib/src/core/consumer.js';
+import { DEFAULT_THROUGHPUT_FLUSH_MS, ThroughputRecorder } from '../lib/src/core/throughput/index.js';
 import type { QueueEventListener } from '../lib/src/core/events.js';
 import { silentLogger } from '../lib/src/core/logger.js';
 import { resolveConsumerOptions, resolveQueueOptions, type QueueOptions } from '../lib/src/core/options.js';
@@ -87,7 +88,10 @@ export function producerFor(
   return new QueueProducerCore(store, { maxPayloadBytes: 1 << 20, maxAttemptsFor: () => 25 }, wakeBus, remoteWaker);
 }
 
-/** The engine exactly as the Nest consumer host builds it, minus Nest. */
+/**
+ * The engine exactly as the Nest consumer host builds it, minus Nest: with the module's default
+ * throughput recorder among its listeners, stopped (its last counts sent) with the consumer.
+ */
 export function consumerFor(
   store: QueueStore,
   queues: { queue: string; options: QueueOptions; handler: (payload: unknown) => Promise<void> }[],
@@ -95,17 +99,29 @@ export function consumerFor(
   wakeBus = new WakeBus(),
 ): SqlQueueConsumer {
   const consumerOptions = resolveConsumerOptions({});
+  const throughput = new ThroughputRecorder({
+    store,
+    clock: systemClock,
+    logger: silentLogger,
+    flushIntervalMs: DEFAULT_THROUGHPUT_FLUSH_MS,
+  });
   const consumer = new SqlQueueConsumer({
     store,
     clock: systemClock,
     logger: silentLogger,
-    listeners,
+    listeners: [...listeners, throughput],
     wakeBus,
     workerId: `bench:${process.pid}`,
   });
   for (const { queue, options, handler } of queues) {
     consumer.register(resolveQueueOptions(queue, { handler: options }, consumerOptions), (payload) => handler(payload));
   }
+  throughput.start();
+  const stopConsumer = consumer.stop.bind(consumer);
+  consumer.stop = async (timeoutMs) => {
+    await stopConsumer(timeoutMs);
+    await throughput.stop(2_000);
+  };
   return consumer;
 }
 

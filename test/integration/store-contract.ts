@@ -7,7 +7,17 @@ import type {
   ScheduleStore,
   ScheduleUpsert,
 } from '../../lib/src/core/schedules/schedule.types.js';
-import type { ClaimedJob, EnqueueOptions, NewJob } from '../../lib/src/core/types.js';
+import {
+  GROUP_SCAN_LIMIT,
+  JOB_PREVIEW_CHARS,
+  type ClaimedJob,
+  type EnqueueOptions,
+  type JobListPage,
+  type JobState,
+  type JobSummary,
+  type NewJob,
+  type ThroughputCount,
+} from '../../lib/src/core/types.js';
 import { withTimeout } from '../../lib/src/core/timeout.js';
 import { prepareJob } from '../../lib/src/core/validation.js';
 import { uniqueSchema } from '../helpers/databases.js';
@@ -59,6 +69,23 @@ function failure(
     dead: options.dead ?? false,
     workerId: WORKER,
   };
+}
+
+/** Job ids in numeric order (they are bigint text). */
+function byId(a: string, b: string): number {
+  return Number(BigInt(a) - BigInt(b));
+}
+
+/** The counts of some throughput buckets added up. */
+function sum(buckets: readonly ThroughputCount[]): Omit<ThroughputCount, 'queue'> {
+  return buckets.reduce(
+    (total, b) => ({
+      completed: total.completed + b.completed,
+      failed: total.failed + b.failed,
+      dead: total.dead + b.dead,
+    }),
+    { completed: 0, failed: 0, dead: 0 },
+  );
 }
 
 export function describeStoreContract(target: StoreTarget): void {
@@ -873,6 +900,54 @@ export function describeStoreContract(target: StoreTarget): void {
         expect(await store.getJob(all[1]!.id)).toBeNull();
       });
 
+      it('purges only the given dead jobs of the queue; ids of other queues or of live jobs are left alone', async () => {
+        const queue = newQueue('purgeids');
+        const other = newQueue('purgeids-other');
+        await store.enqueue(Array.from({ length: 3 }, (_, i) => job(queue, { i }, { maxAttempts: 1 })));
+        const dead = await store.claim({ queue, limit: 3, leaseMs: 60_000, workerId: WORKER });
+        await store.fail(dead.map((c) => failure(c, 'e', { dead: true })));
+        const [live] = await store.enqueue([job(queue, { live: true })]);
+        await store.enqueue([job(other, {}, { maxAttempts: 1 })]);
+        const otherDead = await claimOne(other);
+        await store.fail([failure(otherDead, 'e', { dead: true })]);
+        const [a, b, c] = dead.map((d) => d.id);
+
+        expect(await store.purgeDead(queue, { ids: [] })).toBe(0);
+        expect(await store.purgeDead(queue, { ids: [a!, c!, otherDead.id, live!.jobId, '999999999999'] })).toBe(2);
+        expect(await store.getJob(a!)).toBeNull();
+        expect(await store.getJob(c!)).toBeNull();
+        expect(await store.getJob(b!)).toMatchObject({ state: 'dead' });
+        expect(await store.getJob(otherDead.id)).toMatchObject({ state: 'dead' });
+        expect(await store.getJob(live!.jobId)).toMatchObject({ state: 'ready' });
+        // With an age too: only those of the ids dead long enough.
+        expect(await store.purgeDead(queue, { ids: [b!], olderThanMs: 3_600_000 })).toBe(0);
+        expect(await store.purgeDead(queue, { ids: [b!] })).toBe(1);
+        expect((await store.stats(queue)).dead).toBe(0);
+      });
+
+      it('purging a blocking dead job by id releases its ordered group, and only that group', async () => {
+        const queue = newQueue('purgeidgroup');
+        await store.recordQueueSettings([{ queue, maxAttempts: 3, groupOnDead: 'block' }]);
+        const ids = (
+          await store.enqueue([
+            job(queue, { n: 1 }, { groupKey: 'a', maxAttempts: 1 }),
+            job(queue, { n: 2 }, { groupKey: 'a' }),
+            job(queue, { n: 3 }, { groupKey: 'b', maxAttempts: 1 }),
+            job(queue, { n: 4 }, { groupKey: 'b' }),
+          ])
+        ).map((r) => r.jobId);
+        const heads = await store.claim({ queue, limit: 10, leaseMs: 60_000, workerId: WORKER });
+        expect(heads.map((h) => h.id).sort()).toEqual([ids[0], ids[2]].sort());
+        await store.fail(heads.map((h) => failure(h, 'dies')));
+        expect((await store.stats(queue)).blockedGroups).toBe(2);
+        expect(await store.claim({ queue, limit: 10, leaseMs: 60_000, workerId: WORKER })).toEqual([]);
+
+        expect(await store.purgeDead(queue, { ids: [ids[0]!] })).toBe(1);
+        expect((await store.listBlockedGroups(queue, { limit: 10 })).groups.map((g) => g.groupKey)).toEqual(['b']);
+        const next = await store.claim({ queue, limit: 10, leaseMs: 60_000, workerId: WORKER });
+        expect(next.map((c) => c.id)).toEqual([ids[1]]);
+      });
+
       it('pages dead jobs in id order across digit boundaries (ids sort as numbers, not text)', async () => {
         const queue = newQueue('deadpaging');
         // Enough jobs that their ids cross a power of ten wherever the sequence stands.
@@ -942,6 +1017,296 @@ export function describeStoreContract(target: StoreTarget): void {
 
       it('answers a ping within its time bound', async () => {
         await expect(store.ping(5_000)).resolves.toBeUndefined();
+      });
+    });
+
+    describe('dashboard reads: jobs by state, throughput', () => {
+      const HOUR = 3_600_000;
+
+      /** Every page of a listing, `limit` at a time: the ids in order, and each page's size. */
+      async function listAll(queue: string, state: JobState, limit: number) {
+        const ids: string[] = [];
+        const sizes: number[] = [];
+        const jobs: JobSummary[] = [];
+        let cursor: string | null = null;
+        for (let page = 0; page < 50; page++) {
+          const result: JobListPage = await store.listJobs({ queue, state, limit, cursor });
+          expect(result.scanLimited).toBe(false);
+          jobs.push(...result.jobs);
+          ids.push(...result.jobs.map((j) => j.id));
+          sizes.push(result.jobs.length);
+          if (result.nextCursor === null) return { ids, sizes, jobs };
+          // Only a full page has a next one.
+          expect(result.jobs).toHaveLength(limit);
+          cursor = result.nextCursor;
+        }
+        throw new Error(`the ${state} listing of ${queue} did not end`);
+      }
+
+      const minuteOf = (date: Date) => new Date(Math.floor(date.getTime() / 60_000) * 60_000);
+
+      it('lists ready jobs in claim order, then grouped ones by group key and id, in pages that join up', async () => {
+        const queue = newQueue('list-ready');
+        const now = Date.now();
+        const [u1] = await store.enqueue([job(queue, { u: 1 }, { runAt: new Date(now - 60_000) })]);
+        const [u2] = await store.enqueue([job(queue, { u: 2 }, { priority: 5 })]);
+        // Same priority as u1, enqueued after it but due before it.
+        const [u3] = await store.enqueue([job(queue, { u: 3 }, { runAt: new Date(now - 120_000) })]);
+        const [gb1, ga1, ga2] = await store.enqueue([
+          job(queue, { g: 'b1' }, { groupKey: 'b' }),
+          job(queue, { g: 'a1' }, { groupKey: 'a' }),
+          job(queue, { g: 'a2' }, { groupKey: 'a' }),
+        ]);
+        await store.enqueue([job(queue, { later: true }, { delayMs: HOUR })]);
+        await store.enqueue([job(newQueue('list-ready-other'), {})]);
+
+        const listed = await listAll(queue, 'ready', 2);
+        expect(listed.ids).toEqual([u2, u3, u1, ga1, ga2, gb1].map((r) => r!.jobId));
+        expect(listed.sizes).toEqual([2, 2, 2]);
+        expect(listed.jobs.every((j) => j.state === 'ready' && j.queue === queue)).toBe(true);
+        expect(listed.jobs.map((j) => j.groupKey)).toEqual([null, null, null, 'a', 'a', 'b']);
+        expect(listed.jobs[0]).toMatchObject({ priority: 5, attempts: 0, maxAttempts: 3, lastErrorPreview: null });
+        expect(JSON.parse(listed.jobs[0]!.payloadPreview)).toEqual({ u: 2 });
+        // The ungrouped part is the order a claim takes.
+        const claimed = await store.claim({ queue, limit: 1, leaseMs: 60_000, workerId: WORKER });
+        expect(claimed.map((c) => c.id)).toEqual([u2!.jobId]);
+        // Other page sizes list the same jobs.
+        for (const limit of [1, 3, 500]) {
+          expect((await listAll(queue, 'ready', limit)).ids).toEqual([u3, u1, ga1, ga2, gb1].map((r) => r!.jobId));
+        }
+      });
+
+      it('lists delayed jobs by run time and id, then grouped ones by group key and id', async () => {
+        const queue = newQueue('list-delayed');
+        const at = (ms: number) => new Date(Date.now() + ms);
+        const [d1] = await store.enqueue([job(queue, { d: 1 }, { runAt: at(2 * HOUR) })]);
+        const sameTime = at(HOUR);
+        const [d2] = await store.enqueue([job(queue, { d: 2 }, { runAt: sameTime })]);
+        const [d3] = await store.enqueue([job(queue, { d: 3 }, { runAt: sameTime })]);
+        const [ga1, ga2] = await store.enqueue([
+          job(queue, { g: 1 }, { groupKey: 'a', delayMs: HOUR }),
+          job(queue, { g: 2 }, { groupKey: 'a', delayMs: 3 * HOUR }),
+        ]);
+        await store.enqueue([job(queue, { due: true })]);
+
+        const listed = await listAll(queue, 'delayed', 2);
+        expect(listed.ids).toEqual([d2, d3, d1, ga1, ga2].map((r) => r!.jobId));
+        expect(listed.sizes).toEqual([2, 2, 1]);
+        expect(listed.jobs.every((j) => j.state === 'delayed')).toBe(true);
+        expect(listed.jobs[0]!.runAt.getTime()).toBe(sameTime.getTime());
+      });
+
+      it(`lists delayed jobs behind ${2 * GROUP_SCAN_LIMIT} grouped ready ones once each, over short and empty pages that lead on`, async () => {
+        const queue = newQueue('list-behind');
+        const [u] = await store.enqueue([job(queue, { u: 1 }, { delayMs: HOUR })]);
+        // One group, so the delayed jobs lie behind every ready one in the group index.
+        const ready = await store.enqueue(
+          Array.from({ length: 2 * GROUP_SCAN_LIMIT + 100 }, (_, i) => job(queue, { i }, { groupKey: 'a' })),
+        );
+        const delayed = await store.enqueue(
+          ['a', 'b', 'c'].map((groupKey) => job(queue, { groupKey }, { groupKey, delayMs: HOUR })),
+        );
+        const pages: JobListPage[] = [];
+        let cursor: string | null = null;
+        do {
+          const page: JobListPage = await store.listJobs({ queue, state: 'delayed', limit: 2, cursor });
+          pages.push(page);
+          cursor = page.nextCursor;
+        } while (cursor !== null && pages.length < 10);
+        expect(pages.flatMap((page) => page.jobs.map((j) => j.id))).toEqual([u, ...delayed].map((r) => r!.jobId));
+        // Each request reads GROUP_SCAN_LIMIT entries of the group index at most: the first finds
+        // the ungrouped job only, the second none, the third the rest of the ready ones and two
+        // delayed ones (a full page), the last the third.
+        expect(pages.map((page) => page.jobs.length)).toEqual([1, 0, 2, 1]);
+        expect(pages.map((page) => page.nextCursor === null)).toEqual([false, false, false, true]);
+        expect(pages.every((page) => !page.scanLimited)).toBe(true);
+        // The ready jobs of the same queue come in full pages: every entry read is listed.
+        const listed = await listAll(queue, 'ready', 500);
+        expect(listed.ids).toEqual(ready.map((r) => r.jobId).sort(byId));
+        expect(listed.sizes).toEqual([...Array.from({ length: 8 }, () => 500), 100]);
+      });
+
+      it('lists leased jobs by lease end, then id', async () => {
+        const queue = newQueue('list-leased');
+        await store.enqueue(Array.from({ length: 6 }, (_, i) => job(queue, { i })));
+        const lease = (limit: number, leaseMs: number) => store.claim({ queue, limit, leaseMs, workerId: WORKER });
+        const late = await lease(1, 20 * 60_000);
+        // One claim: the same lease end, so id order, and a page ends inside the tie.
+        const early = await lease(3, 10 * 60_000);
+        const latest = await lease(1, 30 * 60_000);
+        const listed = await listAll(queue, 'leased', 2);
+        expect(listed.ids).toEqual([...early.map((c) => c.id).sort(byId), late[0]!.id, latest[0]!.id]);
+        expect(listed.sizes).toEqual([2, 2, 1]);
+        expect(listed.jobs[0]).toMatchObject({ state: 'leased', workerId: WORKER, attempts: 1 });
+        expect(listed.jobs[0]!.leaseUntil!.getTime()).toBe(early[0]!.leaseUntil.getTime());
+        expect(listed.jobs[0]!.claimedAt).toBeInstanceOf(Date);
+      });
+
+      it('lists done jobs newest first (ties by id, descending), leaving out other queues', async () => {
+        const queue = newQueue('list-done');
+        const other = newQueue('list-done-other');
+        await store.enqueue(Array.from({ length: 5 }, (_, i) => job(queue, { i })));
+        await store.enqueue([job(other, {}), job(other, {})]);
+        const completeNext = async (q: string, limit: number) => {
+          const claimed = await store.claim({ queue: q, limit, leaseMs: 60_000, workerId: WORKER });
+          await store.complete(claimed.map((c) => ({ id: c.id, claimToken: c.claimToken })));
+          return claimed.map((c) => c.id);
+        };
+        const first = await completeNext(queue, 1);
+        await completeNext(other, 1);
+        // One statement: the same finish time, to the database's precision; a page ends inside it.
+        const together = await completeNext(queue, 3);
+        await completeNext(other, 1);
+        const last = await completeNext(queue, 1);
+
+        const listed = await listAll(queue, 'done', 2);
+        expect(listed.ids).toEqual([...last, ...together.sort(byId).reverse(), ...first]);
+        expect(listed.sizes).toEqual([2, 2, 1]);
+        expect(listed.jobs.every((j) => j.state === 'done' && j.finishedAt instanceof Date)).toBe(true);
+        const times = listed.jobs.map((j) => j.finishedAt!.getTime());
+        expect(times).toEqual([...times].sort((a, b) => b - a));
+      });
+
+      it('lists dead jobs newest first, with the last error cut to its preview', async () => {
+        const queue = newQueue('list-dead');
+        await store.enqueue(Array.from({ length: 5 }, (_, i) => job(queue, { i }, { maxAttempts: 1 })));
+        const claimed = await store.claim({ queue, limit: 5, leaseMs: 60_000, workerId: WORKER });
+        const error = (id: string) => `${id}:${'é'.repeat(250)}`;
+        await store.fail(claimed.map((c) => failure(c, error(c.id))));
+        const listed = await listAll(queue, 'dead', 2);
+        expect(listed.ids).toEqual(
+          claimed
+            .map((c) => c.id)
+            .sort(byId)
+            .reverse(),
+        );
+        expect(listed.sizes).toEqual([2, 2, 1]);
+        for (const j of listed.jobs) {
+          expect(j.lastErrorPreview).toBe(error(j.id).slice(0, JOB_PREVIEW_CHARS));
+          expect(j.finishedAt).toBeInstanceOf(Date);
+        }
+      });
+
+      // The JSON text is the database's: PostgreSQL's jsonb writes objects its own way (key order,
+      // spaces), so the text is compared on payloads every dialect writes alike.
+      it('previews are the first characters of the JSON text, whatever the payload size', async () => {
+        const queue = newQueue('list-preview');
+        const long = `é${'x'.repeat(JOB_PREVIEW_CHARS * 2)}`;
+        const small = { to: 'a@example.com', tags: ['a', 'b'] };
+        const [longJob, smallJob] = await store.enqueue([job(queue, long), job(queue, small)]);
+        const blob = 'y'.repeat(900_000);
+        const [big] = await store.enqueue([job(queue, blob)]);
+        const page = await store.listJobs({ queue, state: 'ready', limit: 10 });
+        const preview = (id: string) => page.jobs.find((j) => j.id === id)!;
+        expect(preview(longJob!.jobId).payloadPreview).toBe(JSON.stringify(long).slice(0, JOB_PREVIEW_CHARS));
+        expect(preview(longJob!.jobId).payloadPreview).toHaveLength(JOB_PREVIEW_CHARS);
+        // A short payload comes whole: its preview is its JSON.
+        expect(JSON.parse(preview(smallJob!.jobId).payloadPreview)).toEqual(small);
+        expect(preview(big!.jobId).payloadPreview).toBe(`"${'y'.repeat(JOB_PREVIEW_CHARS - 1)}`);
+        expect(preview(big!.jobId).lastErrorPreview).toBeNull();
+        expect(page.jobs.every((j) => !('payload' in j) && !('claimToken' in j))).toBe(true);
+      });
+
+      it('refuses a malformed cursor, one of another listing, and a limit out of range, before any SQL', async () => {
+        const queue = newQueue('list-cursor');
+        await store.enqueue([job(queue, {}), job(queue, {})]);
+        const { nextCursor } = await store.listJobs({ queue, state: 'ready', limit: 1 });
+        expect(nextCursor).toEqual(expect.any(String));
+        const b64 = (value: unknown) => Buffer.from(JSON.stringify(value)).toString('base64url');
+        const tampered = JSON.parse(Buffer.from(nextCursor!, 'base64url').toString()) as Record<string, unknown>;
+        const bad = [
+          'not a cursor!',
+          b64('x'),
+          b64({ ...tampered, i: 'DROP TABLE' }),
+          b64({ ...tampered, t: '2024-01-01 00:00' }),
+          b64({ ...tampered, r: 1.5 }),
+          // Times and keys the databases would refuse in the statement, which must not run.
+          b64({ ...tampered, t: '2024-02-30T00:00:00.000Z' }),
+          b64({ ...tampered, t: '0000-01-01T00:00:00.000Z' }),
+          b64({ ...tampered, p: 'g', r: undefined, t: undefined, g: 'a\u0000' }),
+          nextCursor!.slice(0, -4),
+        ];
+        for (const cursor of bad) {
+          await expect(store.listJobs({ queue, state: 'ready', limit: 1, cursor })).rejects.toThrow(
+            SqlQueueValidationError,
+          );
+        }
+        // A cursor pages the listing it came from only.
+        await expect(store.listJobs({ queue, state: 'delayed', limit: 1, cursor: nextCursor })).rejects.toThrow(
+          /cursor for delayed jobs of queue .* is malformed.*belongs to the listing of 'ready' jobs/,
+        );
+        await expect(
+          store.listJobs({ queue: newQueue('list-cursor-other'), state: 'ready', limit: 1, cursor: nextCursor }),
+        ).rejects.toThrow(SqlQueueValidationError);
+        for (const limit of [0, 501, 1.5]) {
+          await expect(store.listJobs({ queue, state: 'ready', limit })).rejects.toThrow(SqlQueueValidationError);
+        }
+        expect((await store.listJobs({ queue, state: 'ready', limit: 1, cursor: nextCursor })).jobs).toHaveLength(1);
+      });
+
+      it('adds throughput counts up across calls, per queue, into the current minute', async () => {
+        const queue = newQueue('tp-sum');
+        const other = newQueue('tp-sum-other');
+        await store.recordThroughput([{ queue, completed: 3, failed: 1, dead: 0 }]);
+        await store.recordThroughput([
+          { queue, completed: 2, failed: 0, dead: 1 },
+          { queue: other, completed: 7, failed: 0, dead: 0 },
+        ]);
+        const reading = await store.readThroughput(5);
+        expect(reading.now).toBeInstanceOf(Date);
+        expect(Math.abs(reading.now.getTime() - Date.now())).toBeLessThan(60_000);
+        const mine = reading.buckets.filter((b) => b.queue === queue);
+        expect(mine.length).toBeGreaterThanOrEqual(1);
+        expect(sum(mine)).toEqual({ completed: 5, failed: 1, dead: 1 });
+        expect(sum(reading.buckets.filter((b) => b.queue === other))).toEqual({ completed: 7, failed: 0, dead: 0 });
+        for (const bucket of reading.buckets) {
+          expect(bucket.minute.getTime()).toBe(minuteOf(bucket.minute).getTime());
+          expect(bucket.minute.getTime()).toBeLessThanOrEqual(reading.now.getTime());
+        }
+        const keys = reading.buckets.map((b) => [b.minute.getTime(), b.queue] as const);
+        const sorted = [...keys].sort((a, b) => a[0] - b[0] || (a[1] < b[1] ? -1 : a[1] > b[1] ? 1 : 0));
+        expect(keys).toEqual(sorted);
+        // The last minute only: nothing older than the minute the database is in.
+        const current = await store.readThroughput(1);
+        for (const bucket of current.buckets) {
+          expect(bucket.minute.getTime()).toBe(minuteOf(current.now).getTime());
+        }
+      });
+
+      it('loses and doubles no count when many processes record at once', async () => {
+        const queues = [newQueue('tp-race-a'), newQueue('tp-race-b')];
+        const [one, two] = await openExtra(2);
+        // Each call names both queues, in different orders: the same buckets, locked in one order.
+        await Promise.all(
+          Array.from({ length: 20 }, (_, i) =>
+            (i % 2 === 0 ? one! : two!).recordThroughput(
+              (i % 3 === 0 ? [...queues].reverse() : queues).map((queue) => ({
+                queue,
+                completed: i + 1,
+                failed: 1,
+                dead: i % 2,
+              })),
+            ),
+          ),
+        );
+        const { buckets } = await store.readThroughput(10);
+        for (const queue of queues) {
+          expect(sum(buckets.filter((b) => b.queue === queue))).toEqual({ completed: 210, failed: 20, dead: 10 });
+        }
+      });
+
+      it('sends nothing for no counts, and reads a window of 1 to 1440 minutes', async () => {
+        const closed = await target.openStore(schema, { poolSize: 1 });
+        await closed.close();
+        // No statement: a closed store would fail one.
+        await expect(closed.recordThroughput([])).resolves.toBeUndefined();
+        await expect(
+          closed.recordThroughput([{ queue: newQueue('tp-closed'), completed: 1, failed: 0, dead: 0 }]),
+        ).rejects.toThrow();
+        for (const minutes of [0, 1441, 1.5, Number.NaN]) {
+          await expect(store.readThroughput(minutes)).rejects.toThrow(SqlQueueValidationError);
+        }
+        await expect(store.readThroughput(1440)).resolves.toMatchObject({ now: expect.any(Date) });
       });
     });
 

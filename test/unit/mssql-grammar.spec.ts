@@ -65,6 +65,19 @@ describe('every T-SQL batch the SQL Server store emits parses as T-SQL', () => {
     },
   );
 
+  it('walks the dashboard statements and the throughput migration too', () => {
+    expect(everyBatch('sqlqueue').map(([name]) => name)).toEqual(
+      expect.arrayContaining([
+        ...['listReadyJobs', 'listDelayedJobs', 'listLeasedJobs', 'listDoneJobs', 'listDeadJobs'].map(
+          (n) => `query ${n}`,
+        ),
+        ...['recordThroughput', 'readThroughput', 'cleanupThroughput', 'purgeDeadIds'].map((n) => `query ${n}`),
+        'migration 8.0',
+        'migration 8.1',
+      ]),
+    );
+  });
+
   it('the gate rejects a store statement that a PostgreSQL habit broke', () => {
     const claim = mssqlQueries('sqlqueue').claim;
     const broken = claim
@@ -356,6 +369,7 @@ describe('writes to Jobs, Attempts and Groups (issue 10, P4/P5; issue 11)', () =
         'fail',
         'heartbeat',
         'purgeDead',
+        'purgeDeadIds',
         'reap',
         'release',
         'repairGroup',

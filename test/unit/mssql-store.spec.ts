@@ -1,7 +1,9 @@
 import sql from 'mssql';
 import { afterEach, describe, expect, it, vi } from 'vitest';
-import { SqlQueueTransactionError } from '../../lib/src/core/errors.js';
+import { SqlQueueError, SqlQueueTransactionError, SqlQueueValidationError } from '../../lib/src/core/errors.js';
+import { DONE_SCAN_LIMIT, THROUGHPUT_RETENTION_MS, type JobState } from '../../lib/src/core/types.js';
 import { prepareJob } from '../../lib/src/core/validation.js';
+import { MSSQL_MIGRATIONS } from '../../lib/src/store/mssql/mssql.migrations.js';
 import { MSSQL_OPEN_TRANSACTION, mssqlQueries } from '../../lib/src/store/mssql/mssql.queries.js';
 import { MssqlQueueStore } from '../../lib/src/store/mssql/mssql.store.js';
 
@@ -11,18 +13,29 @@ interface Sent {
   inputs: Record<string, unknown>;
 }
 
-type Answer = (sent: Sent) => Record<string, unknown>[];
+type Rows = Record<string, unknown>[];
+
+/** A statement's answer: its rows, or (resultSets) each result of a batch that returns several. */
+type Answer = (sent: Sent) => Rows | { sets: Rows[] };
+
+const resultSets = (...sets: Rows[]) => ({ sets });
 
 /**
  * A connected pool whose requests answer from a script, so the store's loops and error mapping
  * can be checked without a server. The SQL itself is checked by the grammar gate and, against
  * a real SQL Server, by the contract suite.
  */
-function scriptedStore(answer: Answer): { store: MssqlQueueStore; sent: Sent[] } {
+function scriptedStore(answer: Answer, options: { ownsPool?: boolean } = {}): { store: MssqlQueueStore; sent: Sent[] } {
   const byText = new Map(Object.entries(mssqlQueries('sqlqueue')).map(([name, text]) => [text, name]));
   const sent: Sent[] = [];
+  let closed = false;
   const pool = {
-    connected: true,
+    get connected() {
+      return !closed;
+    },
+    close: async () => {
+      closed = true;
+    },
     request() {
       const inputs: Record<string, unknown> = {};
       const request = {
@@ -33,13 +46,18 @@ function scriptedStore(answer: Answer): { store: MssqlQueueStore; sent: Sent[] }
         async query(text: string) {
           const entry = { name: byText.get(text) ?? 'unknown', inputs };
           sent.push(entry);
-          return { recordset: answer(entry) };
+          const answered = answer(entry);
+          const recordsets = Array.isArray(answered) ? [answered] : answered.sets;
+          return { recordset: recordsets[0], recordsets };
         },
       };
       return request;
     },
   };
-  return { store: new MssqlQueueStore(pool as unknown as sql.ConnectionPool, false, 'sqlqueue'), sent };
+  return {
+    store: new MssqlQueueStore(pool as unknown as sql.ConnectionPool, options.ownsPool ?? false, 'sqlqueue'),
+    sent,
+  };
 }
 
 function serverError(number: number, message: string): Error {
@@ -79,12 +97,13 @@ describe('MssqlQueueStore loops over bounded statements (issue 10, P4)', () => {
   it('cleanup splits a large batch into statements of at most 4,000 rows and stops at a short one', async () => {
     const { store, sent, state } = deletingStore(9_500);
     const request = { doneRetentionMs: 1, idempotencyRetentionMs: 1, deadRetentionMs: null, batchSize: 100_000 };
+    const jobBatches = () => sent.filter((s) => s.name === 'cleanup').map((s) => s.inputs.batch);
     expect(await store.cleanup(request)).toBe(9_500);
-    expect(sent.map((s) => s.inputs.batch)).toEqual([4_000, 4_000, 4_000]);
+    expect(jobBatches()).toEqual([4_000, 4_000, 4_000]);
     state.left = 10_000;
     sent.length = 0;
     expect(await store.cleanup({ ...request, batchSize: 5_000 })).toBe(5_000);
-    expect(sent.map((s) => s.inputs.batch)).toEqual([4_000, 1_000]);
+    expect(jobBatches()).toEqual([4_000, 1_000]);
   });
 
   it('purgeDead deletes in batches of 4,000', async () => {
@@ -310,5 +329,370 @@ describe('MssqlQueueStore ordered groups (issue 11)', () => {
     expect((await store.stats('mail')).blockedGroups).toBe(1);
     const [health] = await store.queueHealth({ failureWindowMs: 1000, repeatedFailures: 3 });
     expect(health!.blockedGroups).toBe(1);
+  });
+});
+
+// ---- the dashboard (browsing jobs, throughput) ----
+
+const at = (iso: string) => new Date(iso);
+
+/** A row of a listing's last result: its @page keys and (Found) the job. */
+function listed(
+  id: number,
+  keys: { part?: number; int?: number; at?: string; text?: string; scanEnd?: true },
+  found = true,
+) {
+  return {
+    Part: keys.part ?? 1,
+    KeyInt: keys.int ?? null,
+    KeyAt: keys.at ? at(keys.at) : null,
+    KeyText: keys.text ?? null,
+    ScanEnd: keys.scanEnd ?? false,
+    Id: String(id),
+    Found: found,
+    Queue: found ? 'mail' : null,
+    State: found ? 'ready' : null,
+    Priority: found ? (keys.int ?? 0) : null,
+    RunAt: found ? at('2026-01-01T00:00:00.000Z') : null,
+    GroupKey: found ? (keys.text ?? null) : null,
+    IdempotencyKey: null,
+    Attempts: found ? 1 : null,
+    MaxAttempts: found ? 3 : null,
+    LeaseUntil: null,
+    WorkerId: null,
+    CreatedAt: found ? at('2026-01-01T00:00:00.000Z') : null,
+    ClaimedAt: null,
+    FinishedAt: null,
+    PayloadPreview: found ? `{"n":${id}}` : null,
+    LastErrorPreview: null,
+  };
+}
+
+describe('MssqlQueueStore.listJobs', () => {
+  it('binds a first page as no position, and the page after it as the last listed row’s sort key', async () => {
+    const { store, sent } = scriptedStore(({ inputs }) =>
+      inputs.part === null
+        ? [
+            listed(7, { int: 5, at: '2026-01-01T00:00:00.123Z' }),
+            listed(8, { int: 0, at: '2026-01-01T00:00:01.000Z' }),
+            listed(9, { int: 0, at: '2026-01-01T00:00:02.000Z' }),
+          ]
+        : [listed(9, { int: 0, at: '2026-01-01T00:00:02.000Z' })],
+    );
+    const first = await store.listJobs({ queue: 'mail', state: 'ready', limit: 2 });
+    expect(first.jobs.map((j) => j.id)).toEqual(['7', '8']);
+    expect(first.jobs[0]).toMatchObject({
+      queue: 'mail',
+      state: 'ready',
+      priority: 5,
+      attempts: 1,
+      maxAttempts: 3,
+      payloadPreview: '{"n":7}',
+      lastErrorPreview: null,
+    });
+    expect(first.scanLimited).toBe(false);
+    expect(sent[0]).toEqual({
+      name: 'listReadyJobs',
+      inputs: { queue: 'mail', limit: 2, part: null, keyInt: null, keyAt: null, keyText: null, keyId: null },
+    });
+
+    const second = await store.listJobs({ queue: 'mail', state: 'ready', limit: 2, cursor: first.nextCursor });
+    expect(sent[1]!.inputs).toEqual({
+      queue: 'mail',
+      limit: 2,
+      part: 1,
+      keyInt: 0,
+      keyAt: at('2026-01-01T00:00:01.000Z'),
+      keyText: null,
+      keyId: '8',
+    });
+    expect(second).toEqual({ jobs: [expect.objectContaining({ id: '9' })], nextCursor: null, scanLimited: false });
+  });
+
+  it('a position in the grouped part carries the group key, and pages only that part', async () => {
+    const { store, sent } = scriptedStore(() => [
+      listed(3, { part: 2, text: 'order-1' }),
+      listed(4, { part: 2, text: 'order-2' }),
+    ]);
+    const first = await store.listJobs({ queue: 'mail', state: 'delayed', limit: 1 });
+    await store.listJobs({ queue: 'mail', state: 'delayed', limit: 1, cursor: first.nextCursor });
+    expect(sent.map((s) => s.name)).toEqual(['listDelayedJobs', 'listDelayedJobs']);
+    expect(sent[1]!.inputs).toMatchObject({ part: 2, keyInt: null, keyAt: null, keyText: 'order-1', keyId: '3' });
+  });
+
+  it.each<[string, ReturnType<typeof listed>[], string[], string | null]>([
+    [
+      'a short page: the next starts after the last entry read, not in the state',
+      [listed(3, { part: 2, text: 'a' }), listed(9, { part: 2, text: 'b', scanEnd: true }, false)],
+      ['3'],
+      '9',
+    ],
+    ['an empty page that still leads on', [listed(9, { part: 2, text: 'b', scanEnd: true }, false)], [], '9'],
+    [
+      'the last entry read in the state: listed, and the next page starts after it',
+      [listed(3, { part: 2, text: 'a' }), listed(9, { part: 2, text: 'b', scanEnd: true })],
+      ['3', '9'],
+      '9',
+    ],
+    [
+      'a full page and the last entry read past it: nothing between to list, the next starts after it',
+      [
+        listed(3, { part: 2, text: 'a' }),
+        listed(4, { part: 2, text: 'a' }),
+        listed(4000, { part: 2, text: 'b', scanEnd: true }, false),
+      ],
+      ['3', '4'],
+      '4000',
+    ],
+    [
+      'a full page and a job past it, the last entry read: the next page lists that job',
+      [
+        listed(3, { part: 2, text: 'a' }),
+        listed(4, { part: 2, text: 'a' }),
+        listed(4000, { part: 2, text: 'b', scanEnd: true }),
+      ],
+      ['3', '4'],
+      '4',
+    ],
+    [
+      'the grouped part ended before its bound: no next page',
+      [listed(3, { part: 2, text: 'a' }), listed(4, { part: 2, text: 'a' })],
+      ['3', '4'],
+      null,
+    ],
+  ])('a grouped look-up that reached its bound (ScanEnd): %s', async (_what, rows, ids, nextId) => {
+    const { store, sent } = scriptedStore(() => rows);
+    const page = await store.listJobs({ queue: 'mail', state: 'delayed', limit: 2 });
+    expect(page.jobs.map((j) => j.id)).toEqual(ids);
+    if (nextId === null) {
+      expect(page.nextCursor).toBeNull();
+      return;
+    }
+    await store.listJobs({ queue: 'mail', state: 'delayed', limit: 2, cursor: page.nextCursor });
+    const last = rows.find((row) => row.Id === nextId)!;
+    expect(sent[1]!.inputs).toMatchObject({ part: 2, keyText: last.KeyText, keyId: nextId });
+  });
+
+  it('leaves out a job that changed state since it was read, but still pages after it', async () => {
+    const { store, sent } = scriptedStore(() => [
+      listed(1, { at: '2026-01-01T00:00:00.000Z' }),
+      listed(2, { at: '2026-01-01T00:00:00.000Z' }, false),
+      listed(3, { at: '2026-01-01T00:00:00.000Z' }),
+    ]);
+    const page = await store.listJobs({ queue: 'mail', state: 'leased', limit: 2 });
+    expect(page.jobs.map((j) => j.id)).toEqual(['1']);
+    await store.listJobs({ queue: 'mail', state: 'leased', limit: 2, cursor: page.nextCursor });
+    expect(sent[1]!.inputs).toMatchObject({ part: 1, keyAt: at('2026-01-01T00:00:00.000Z'), keyId: '2' });
+  });
+
+  it.each([
+    ['a full window and a short page: older done jobs may exist', DONE_SCAN_LIMIT, 1, true],
+    ['a window that holds every completion', DONE_SCAN_LIMIT - 1, 1, false],
+    ['a next page (the window is not counted then)', 0, 3, false],
+  ])('done: scanLimited for %s', async (_what, scanned, rows, limited) => {
+    const { store } = scriptedStore(() =>
+      resultSets(
+        Array.from({ length: rows }, (_, i) => listed(10 - i, { at: `2026-01-01T00:00:0${i}.000Z` })),
+        [{ Scanned: String(scanned) }],
+      ),
+    );
+    const page = await store.listJobs({ queue: 'mail', state: 'done', limit: 2 });
+    expect(page.scanLimited).toBe(limited);
+    expect(page.nextCursor === null).toBe(rows <= 2);
+  });
+
+  it('an empty page of done jobs still reports a limited look-up', async () => {
+    const { store } = scriptedStore(() => resultSets([], [{ Scanned: String(DONE_SCAN_LIMIT) }]));
+    expect(await store.listJobs({ queue: 'mail', state: 'done', limit: 50 })).toEqual({
+      jobs: [],
+      nextCursor: null,
+      scanLimited: true,
+    });
+  });
+
+  it('drops the first half of a surrogate pair that LEFT cut a preview on', async () => {
+    const row = { ...listed(1, {}), PayloadPreview: `"${'x'.repeat(198)}\uD83D`, LastErrorPreview: 'boom \uD83D' };
+    const { store } = scriptedStore(() => [row]);
+    const [job] = (await store.listJobs({ queue: 'mail', state: 'ready', limit: 5 })).jobs;
+    expect(job!.payloadPreview).toBe(`"${'x'.repeat(198)}`);
+    expect(job!.lastErrorPreview).toBe('boom ');
+  });
+
+  it.each<[string, Record<string, unknown>]>([
+    ['a limit of 0', { limit: 0 }],
+    ['a limit over 500', { limit: 501 }],
+    ['a fractional limit', { limit: 1.5 }],
+    ['an unknown state', { state: 'running' }],
+    ['an invalid queue name', { queue: 'a b' }],
+    ['a cursor that is not one', { cursor: 'not a cursor!' }],
+  ])('refuses %s before any SQL', async (_what, change) => {
+    const { store, sent } = scriptedStore(() => []);
+    const request = { queue: 'mail', state: 'ready' as JobState, limit: 10, ...change };
+    await expect(store.listJobs(request as never)).rejects.toThrow(SqlQueueValidationError);
+    expect(sent).toEqual([]);
+  });
+
+  it('refuses the cursor of another listing', async () => {
+    const { store, sent } = scriptedStore(() => [
+      listed(1, { at: '2026-01-01T00:00:00.000Z' }),
+      listed(2, { at: '2026-01-01T00:00:00.000Z' }),
+    ]);
+    const { nextCursor } = await store.listJobs({ queue: 'mail', state: 'leased', limit: 1 });
+    await expect(store.listJobs({ queue: 'mail', state: 'dead', limit: 1, cursor: nextCursor })).rejects.toThrow(
+      /belongs to the listing of 'leased' jobs/,
+    );
+    expect(sent).toHaveLength(1);
+  });
+});
+
+describe('MssqlQueueStore throughput', () => {
+  it('sends one statement with one row per queue, counts summed, all-zero queues left out', async () => {
+    const { store, sent } = scriptedStore(() => []);
+    await store.recordThroughput([
+      { queue: 'b', completed: 1, failed: 0, dead: 0 },
+      { queue: 'a', completed: 2, failed: 1, dead: 0 },
+      { queue: 'b', completed: 3, failed: 0, dead: 2 },
+      { queue: 'idle', completed: 0, failed: 0, dead: 0 },
+    ]);
+    expect(sent.map((s) => s.name)).toEqual(['recordThroughput']);
+    const table = sent[0]!.inputs.counts as sql.Table;
+    expect(table.path).toBe('[sqlqueue].[ThroughputCountList]');
+    expect(table.columns.map((c) => c.name)).toEqual(['Queue', 'Completed', 'Failed', 'Dead']);
+    expect(table.rows).toEqual([
+      ['b', 4, 0, 2],
+      ['a', 2, 1, 0],
+    ]);
+  });
+
+  it('sends nothing for no counts, or only zeros', async () => {
+    const { store, sent } = scriptedStore(() => []);
+    await store.recordThroughput([]);
+    await store.recordThroughput([{ queue: 'mail', completed: 0, failed: 0, dead: 0 }]);
+    expect(sent).toEqual([]);
+  });
+
+  it.each([
+    ['a negative count', { queue: 'mail', completed: -1, failed: 0, dead: 0 }],
+    ['a fractional count', { queue: 'mail', completed: 0.5, failed: 0, dead: 0 }],
+    ['an invalid queue name', { queue: 'no spaces', completed: 1, failed: 0, dead: 0 }],
+  ])('refuses %s before any SQL', async (_what, count) => {
+    const { store, sent } = scriptedStore(() => []);
+    await expect(store.recordThroughput([count])).rejects.toThrow(SqlQueueValidationError);
+    expect(sent).toEqual([]);
+  });
+
+  it('reads the database clock and the buckets (bigint counts as numbers)', async () => {
+    const now = at('2026-01-01T10:00:30.500Z');
+    const { store, sent } = scriptedStore(() =>
+      resultSets(
+        [{ Now: now }],
+        [{ Minute: at('2026-01-01T09:59:00.000Z'), Queue: 'mail', Completed: '12', Failed: '1', Dead: '0' }],
+      ),
+    );
+    expect(await store.readThroughput(2)).toEqual({
+      now,
+      buckets: [{ minute: at('2026-01-01T09:59:00.000Z'), queue: 'mail', completed: 12, failed: 1, dead: 0 }],
+    });
+    expect(sent).toEqual([{ name: 'readThroughput', inputs: { minutes: 2 } }]);
+  });
+
+  it.each([0, 1441, 1.5, Number.NaN])('refuses a window of %s minutes', async (minutes) => {
+    const { store, sent } = scriptedStore(() => resultSets([{ Now: new Date() }], []));
+    await expect(store.readThroughput(minutes)).rejects.toThrow(/throughput minutes must be an integer from 1 to 1440/);
+    expect(sent).toEqual([]);
+  });
+
+  it('cleanup deletes old buckets once, after the jobs, bounded like a job batch', async () => {
+    const { store, sent } = scriptedStore(() => [{ Deleted: 0 }]);
+    await store.cleanup({ doneRetentionMs: 1, idempotencyRetentionMs: 1, deadRetentionMs: null, batchSize: 100_000 });
+    await store.cleanup({ doneRetentionMs: 1, idempotencyRetentionMs: 1, deadRetentionMs: null, batchSize: 500 });
+    expect(sent.map((s) => [s.name, s.inputs.batch, s.inputs.retentionMs])).toEqual([
+      ['cleanup', 4_000, undefined],
+      ['cleanupThroughput', 4_000, THROUGHPUT_RETENTION_MS],
+      ['cleanup', 500, undefined],
+      ['cleanupThroughput', 500, THROUGHPUT_RETENTION_MS],
+    ]);
+  });
+});
+
+describe('MssqlQueueStore.purgeDead with ids', () => {
+  it('sends the ids, each once, in statements of at most 4,000, with the age; none for no ids', async () => {
+    const { store, sent } = scriptedStore(({ inputs }) => [{ Deleted: (inputs.ids as sql.Table).rows.length }]);
+    expect(await store.purgeDead('mail', { ids: [] })).toBe(0);
+    expect(sent).toEqual([]);
+    const ids = Array.from({ length: 4_500 }, (_, i) => String(i + 1));
+    expect(await store.purgeDead('mail', { ids: [...ids, '1', '2'], olderThanMs: 60_000 })).toBe(4_500);
+    expect(sent.map((s) => [s.name, s.inputs.queue, s.inputs.olderThanMs, s.inputs.batch])).toEqual([
+      ['purgeDeadIds', 'mail', 60_000, 4_000],
+      ['purgeDeadIds', 'mail', 60_000, 500],
+    ]);
+    const sentIds = sent.flatMap((s) => (s.inputs.ids as sql.Table).rows.map((row) => row[0]));
+    expect(sentIds).toEqual(ids);
+    expect((sent[0]!.inputs.ids as sql.Table).path).toBe('[sqlqueue].[IdList]');
+  });
+
+  it('refuses an id that is not one, before any SQL', async () => {
+    const { store, sent } = scriptedStore(() => [{ Deleted: 0 }]);
+    await expect(store.purgeDead('mail', { ids: ['1', 'DROP TABLE'] })).rejects.toThrow(SqlQueueValidationError);
+    expect(sent).toEqual([]);
+  });
+});
+
+/**
+ * The columns of the last CREATE TYPE of `type` in the migrations, as mssql's Table#declare
+ * writes a column: what a table-valued parameter must match, column for column ("[Queue]
+ * nvarchar (128) not null"; the collation and key are the type's own, not the parameter's).
+ */
+function typeColumns(type: string): string[] {
+  const head = `CREATE TYPE [sqlqueue].[${type}] AS TABLE (`;
+  const batch = MSSQL_MIGRATIONS.flatMap((m) => m.batches('sqlqueue'))
+    .filter((b) => b.startsWith(head))
+    .at(-1)!;
+  return batch
+    .slice(head.length)
+    .split('\n')
+    .flatMap((line) => {
+      const m = /^\s*(\[\w+\]) (\w+)(?:\((\d+)\))?(?: COLLATE \w+)? (NOT NULL|NULL)\b/.exec(line);
+      return m ? [`${m[1]} ${m[2]}${m[3] ? ` (${m[3]})` : ''} ${m[4]!.toLowerCase()}`] : [];
+    });
+}
+
+/** The columns of a bound table, in mssql's declaration form (Table#declare, missing from its types). */
+function boundColumns(table: sql.Table): string[] {
+  const declared = (table as unknown as { declare(): string }).declare();
+  return /^create table \S+ \((.*)\)$/.exec(declared)![1]!.split(', ');
+}
+
+describe('the table-valued parameters of the dashboard statements match their types', () => {
+  it('recordThroughput binds ThroughputCountList column for column: name, type, length, nullability', async () => {
+    const { store, sent } = scriptedStore(() => []);
+    await store.recordThroughput([{ queue: 'mail', completed: 1, failed: 2, dead: 3 }]);
+    const columns = typeColumns('ThroughputCountList');
+    expect(columns).toEqual([
+      '[Queue] nvarchar (128) not null',
+      '[Completed] bigint not null',
+      '[Failed] bigint not null',
+      '[Dead] bigint not null',
+    ]);
+    expect(boundColumns(sent[0]!.inputs.counts as sql.Table)).toEqual(columns);
+  });
+
+  it('purgeDead with ids binds IdList column for column', async () => {
+    const { store, sent } = scriptedStore(() => [{ Deleted: 1 }]);
+    await store.purgeDead('mail', { ids: ['1'] });
+    expect(typeColumns('IdList')).toEqual(['[Id] bigint not null']);
+    expect(boundColumns(sent[0]!.inputs.ids as sql.Table)).toEqual(typeColumns('IdList'));
+  });
+});
+
+describe('MssqlQueueStore.close', () => {
+  it('a store that opened its pool refuses work once closed, instead of opening the pool again', async () => {
+    const { store, sent } = scriptedStore(() => [], { ownsPool: true });
+    await store.close();
+    await expect(store.recordThroughput([{ queue: 'mail', completed: 1, failed: 0, dead: 0 }])).rejects.toThrow(
+      SqlQueueError,
+    );
+    await expect(store.ping(1_000)).rejects.toThrow(/store of schema 'sqlqueue' is closed/);
+    expect(sent).toEqual([]);
   });
 });

@@ -155,6 +155,14 @@ describe('unknown enqueue options are refused before the database is touched', (
     await expect(producer.enqueue('emails', {}, null as never)).rejects.toThrow(/options must be an object, got null/);
   });
 
+  it('checks purgeDead ids before the database, and refuses ids with olderThanMs', async () => {
+    await expect(producer.purgeDead('emails', { ids: ['1'], olderThanMs: 5 })).rejects.toThrow(
+      'purgeDead takes ids or olderThanMs, not both',
+    );
+    await expect(producer.purgeDead('emails', { ids: ['12x'] })).rejects.toThrow(SqlQueueValidationError);
+    await expect(producer.purgeDead('emails', { ids: 'all' as never })).rejects.toThrow(SqlQueueValidationError);
+  });
+
   it('suggests a near name only when one is clearly nearest', () => {
     const names = ['minReaders', 'maxReaders', 'maxAttempts', 'maxPollMs'];
     expect(nearestName('maxAttempt', names)).toBe('maxAttempts');
@@ -243,6 +251,16 @@ describe('options fail at boot with the place and the rule', () => {
     );
     expect(() => resolveModuleOptions({ connection: {} as never, consumer: { enabled: 'yes' as never } })).toThrow(
       /consumer\.enabled must be true or false/,
+    );
+    expect(resolveModuleOptions({ connection: {} as never }).throughput).toEqual({
+      enabled: true,
+      flushIntervalMs: 5_000,
+    });
+    expect(() => resolveModuleOptions({ connection: {} as never, throughput: { flushIntervalMs: 10 } })).toThrow(
+      /throughput\.flushIntervalMs/,
+    );
+    expect(() => resolveModuleOptions({ connection: {} as never, throughput: { interval: 10 } as never })).toThrow(
+      /unknown option 'interval'/,
     );
   });
 });

@@ -154,13 +154,20 @@ export class QueueProducerCore {
     return retried;
   }
 
-  async purgeDead(queue: string, options: { olderThanMs?: number } = {}): Promise<number> {
+  /** Deletes dead jobs of a queue: all, those dead longer than `olderThanMs`, or the given `ids`. */
+  async purgeDead(queue: string, options: { olderThanMs?: number; ids?: readonly JobId[] } = {}): Promise<number> {
     assertQueueName(queue);
+    if (options.ids !== undefined && options.olderThanMs !== undefined) {
+      throw new SqlQueueValidationError('purgeDead takes ids or olderThanMs, not both');
+    }
     const olderThanMs =
       options.olderThanMs === undefined
         ? 0
         : assertInteger('purgeDead olderThanMs', options.olderThanMs, 0, MAX_AGE_MS, SqlQueueValidationError);
-    const purged = await this.store.purgeDead(queue, { olderThanMs });
+    const purged = await this.store.purgeDead(
+      queue,
+      options.ids === undefined ? { olderThanMs } : { ids: assertIdList(options.ids) },
+    );
     // A purged job may have blocked an ordered group, whose next job can run now.
     if (purged > 0) this.wake(queue);
     return purged;

@@ -13,6 +13,8 @@ import type {
   HeartbeatResult,
   AttemptRecord,
   JobId,
+  JobListPage,
+  JobListRequest,
   JobRecord,
   NewJob,
   OwnedJob,
@@ -21,6 +23,8 @@ import type {
   QueueSetting,
   QueueStats,
   ReapedJob,
+  ThroughputCount,
+  ThroughputReading,
 } from './types.js';
 import type { ScheduleStore } from './schedules/schedule.types.js';
 
@@ -123,10 +127,31 @@ export interface QueueStore extends ScheduleStore {
   /** Dead → ready with a fresh attempt budget. Returns the ids actually moved. */
   retryDead(queue: string, ids: readonly JobId[] | 'all'): Promise<JobId[]>;
 
-  /** Deletes dead jobs of a queue; returns how many. */
-  purgeDead(queue: string, options?: { olderThanMs?: number }): Promise<number>;
+  /**
+   * Deletes dead jobs of a queue (all of them, those dead longer than `olderThanMs`, or only
+   * `ids`); returns how many. A blocked ordered group whose dead job is purged runs again.
+   */
+  purgeDead(queue: string, options?: { olderThanMs?: number; ids?: readonly JobId[] }): Promise<number>;
 
-  /** Deletes one batch of old finished jobs (and their attempts); returns how many. */
+  /** One page of a queue's jobs in one state, index-backed (see JobListRequest for each order). */
+  listJobs(request: JobListRequest): Promise<JobListPage>;
+
+  /**
+   * Adds a process's outcome counts to the current minute's bucket of each queue (database
+   * clock), in one statement; safe from many processes at once. Nothing is sent for no counts.
+   */
+  recordThroughput(counts: readonly ThroughputCount[]): Promise<void>;
+
+  /**
+   * Per-minute outcome counts of every queue over the last `minutes` (1..1440), in one
+   * statement bounded by queues × minutes rows.
+   */
+  readThroughput(minutes: number): Promise<ThroughputReading>;
+
+  /**
+   * Deletes one batch of old finished jobs (and their attempts), and throughput buckets older
+   * than THROUGHPUT_RETENTION_MS; returns how many jobs.
+   */
   cleanup(request: CleanupRequest): Promise<number>;
 
   /** A bounded-time round trip, for readiness checks. */

@@ -286,3 +286,89 @@ export interface QueueHealth extends QueueStats {
    */
   repeatedlyFailing: number;
 }
+
+// ---- Browsing jobs and counting outcomes (the dashboard) ---------------------------------
+
+/**
+ * One page of a queue's jobs in one state. Each state is read through the index that already
+ * serves it, in that index's order, so a page costs about `limit` index entries:
+ * - ready: claim order (priority descending, run time, id) for jobs outside ordered groups,
+ *   then grouped ready jobs by group key and id;
+ * - delayed: by run time and id, ungrouped first, then grouped by group key and id;
+ * - leased: by lease end (soonest first), then id;
+ * - dead: newest first (id descending);
+ * - done: most recently finished first, looked up among at most `DONE_SCAN_LIMIT` most recent
+ *   completions of all queues (done jobs are not indexed by queue): `scanLimited` says the page
+ *   may miss older ones.
+ *
+ * Grouped ready and delayed jobs share one index with each other and with leased ones (state is
+ * not among its keys), so a request reads at most `GROUP_SCAN_LIMIT` of its entries, from the
+ * cursor on, and keeps those in the state asked for. When that read ends before the page is
+ * full, the page holds the jobs it found (possibly none) and `nextCursor` points after the last
+ * entry read: a page can hold fewer than `limit` jobs, or none, and still have a next page.
+ * Following the cursors lists every job once, none skipped or repeated, each request bounded.
+ */
+export interface JobListRequest {
+  queue: string;
+  state: JobState;
+  /** 1..500. */
+  limit: number;
+  /** `nextCursor` of the page before; null or absent for the first page. Opaque to callers. */
+  cursor?: string | null;
+}
+
+/** Most recent completions (all queues) a done-jobs page looks through. */
+export const DONE_SCAN_LIMIT = 10_000;
+
+/** Entries of the ordered-group index (all of a queue's unfinished grouped jobs) one ready or delayed page reads. */
+export const GROUP_SCAN_LIMIT = 2_000;
+
+/** Characters of payload JSON and of the last error a listed job carries (the job detail has all). */
+export const JOB_PREVIEW_CHARS = 200;
+
+/** A job as listed: its record without the payload, last error and token, with short previews. */
+export interface JobSummary extends Omit<JobRecord, 'payload' | 'claimToken' | 'lastError'> {
+  /** The first `JOB_PREVIEW_CHARS` characters of the payload's JSON text. */
+  payloadPreview: string;
+  /** The first `JOB_PREVIEW_CHARS` characters of the last error, or null. */
+  lastErrorPreview: string | null;
+}
+
+export interface JobListPage {
+  jobs: JobSummary[];
+  /**
+   * Pass as `cursor` for the next page; null at the end. Not null on a short or empty page of
+   * ready or delayed jobs whose grouped look-up stopped at GROUP_SCAN_LIMIT entries: the next
+   * page continues it.
+   */
+  nextCursor: string | null;
+  /** Done jobs only: the look-up stopped at DONE_SCAN_LIMIT completions; older done jobs of the queue are not listed. */
+  scanLimited: boolean;
+}
+
+/** Outcomes one process counted for one queue since its last flush. */
+export interface ThroughputCount {
+  queue: string;
+  /** Jobs completed. */
+  completed: number;
+  /** Attempts that failed and will be retried. */
+  failed: number;
+  /** Jobs that went dead (out of attempts, or unrecoverable). */
+  dead: number;
+}
+
+/** One queue's outcomes in one minute (database clock), summed over every process. */
+export interface ThroughputBucket extends ThroughputCount {
+  /** Start of the minute. */
+  minute: Date;
+}
+
+export interface ThroughputReading {
+  /** The database's clock when read. */
+  now: Date;
+  /** Oldest first; minutes without outcomes are absent. */
+  buckets: ThroughputBucket[];
+}
+
+/** How long per-minute throughput buckets are kept (the reaper's cleanup deletes older ones). */
+export const THROUGHPUT_RETENTION_MS = 24 * 60 * 60 * 1000;

@@ -47,6 +47,7 @@ export class LeaseReaperScheduler implements OnApplicationBootstrap, BeforeAppli
         async () => {
           const reaped = await reapExpiredLeases(this.runtime.store, reaper.batchSize);
           errors.succeeded();
+          this.runtime.throughput?.reaped(reaped);
           for (const job of reaped) {
             const message = `job ${job.id} in queue '${job.queue}': lease expired (attempt ${job.attempt}), ${job.state === 'dead' ? 'moved to dead, no attempts left' : 'returned to ready'}`;
             if (job.state === 'dead') this.logger.error(message);

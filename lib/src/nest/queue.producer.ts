@@ -91,9 +91,18 @@ export class QueueProducer {
     return this.runtime.producer.retryDead(queue, jobIds);
   }
 
-  /** Deletes dead jobs of a queue (only those dead longer than `olderThanMs`, if given). */
-  purgeDead(queue: string, options?: { olderThanMs?: number }): Promise<number> {
-    if (this.isBrokerQueue(queue)) return this.purgeDeadMessages(queue, options);
+  /** Deletes dead jobs of a queue: all, only those dead longer than `olderThanMs`, or only `ids`. */
+  purgeDead(queue: string, options?: { olderThanMs?: number; ids?: readonly JobId[] }): Promise<number> {
+    if (this.isBrokerQueue(queue)) {
+      if (options?.ids !== undefined) {
+        return Promise.reject(
+          new SqlQueueValidationError(
+            `'${queue}' is a Service Broker queue: purgeDead purges its dead messages all at once or by olderThanMs, not by ids`,
+          ),
+        );
+      }
+      return this.purgeDeadMessages(queue, options);
+    }
     return this.runtime.producer.purgeDead(queue, options);
   }
 

@@ -24,6 +24,7 @@ import {
   describe,
 } from '../core/validation.js';
 import { DEFAULT_WAKE_INTERVAL_MS } from '../core/wake.js';
+import { DEFAULT_THROUGHPUT_FLUSH_MS } from '../core/throughput/index.js';
 import type { SqlQueueConnection } from '../store/create-store.js';
 import { resolveBrokerOptions } from '../broker/broker.options.js';
 import type { BrokerOptions, ResolvedBrokerOptions } from '../broker/broker.types.js';
@@ -72,6 +73,12 @@ export interface SqlQueueModuleOptions {
   pruneSchedules?: boolean;
   /** The loop that fires due schedules (every instance runs it; default on). */
   scheduler?: { enabled?: boolean; maxPollMs?: number };
+  /**
+   * Per-minute outcome counts (completed, failed, dead) per queue, added to the database every
+   * `flushIntervalMs` (default 5000) by each process that has outcomes to add: the dashboard's
+   * throughput chart. An increment per job, one statement per flush, none while idle (default on).
+   */
+  throughput?: { enabled?: boolean; flushIntervalMs?: number };
 }
 
 export interface ResolvedModuleOptions {
@@ -91,6 +98,7 @@ export interface ResolvedModuleOptions {
   schedules: Record<string, ValidScheduleDefinition>;
   pruneSchedules: boolean;
   scheduler: { enabled: boolean; maxPollMs: number };
+  throughput: { enabled: boolean; flushIntervalMs: number };
 }
 
 const KNOWN: readonly (keyof SqlQueueModuleOptions)[] = [
@@ -109,6 +117,7 @@ const KNOWN: readonly (keyof SqlQueueModuleOptions)[] = [
   'schedules',
   'pruneSchedules',
   'scheduler',
+  'throughput',
 ];
 
 /** Checks every module option at boot, with messages that name the option and the fix. */
@@ -138,6 +147,7 @@ export function resolveModuleOptions(raw: SqlQueueModuleOptions): ResolvedModule
   );
   const scheduler = assertOptionGroup('scheduler', raw.scheduler, ['enabled', 'maxPollMs']);
   const consumer = resolveConsumerOptions(raw.consumer);
+  const throughput = assertOptionGroup('throughput', raw.throughput, ['enabled', 'flushIntervalMs']);
   return {
     connection: raw.connection,
     schema,
@@ -159,6 +169,15 @@ export function resolveModuleOptions(raw: SqlQueueModuleOptions): ResolvedModule
     scheduler: {
       enabled: assertBoolean('scheduler.enabled', scheduler.enabled ?? true),
       maxPollMs: assertInteger('scheduler.maxPollMs', scheduler.maxPollMs ?? consumer.maxPollMs, 10, 300_000),
+    },
+    throughput: {
+      enabled: assertBoolean('throughput.enabled', throughput.enabled ?? true),
+      flushIntervalMs: assertInteger(
+        'throughput.flushIntervalMs',
+        throughput.flushIntervalMs ?? DEFAULT_THROUGHPUT_FLUSH_MS,
+        100,
+        60_000,
+      ),
     },
   };
 }

@@ -1,5 +1,7 @@
 import { Logger } from '@nestjs/common';
+import { systemClock } from '../core/clock.js';
 import { defaultWorkerId } from '../core/consumer.js';
+import { ThroughputRecorder } from '../core/throughput/index.js';
 import type { QueueEventListener } from '../core/events.js';
 import type { QueueOptions } from '../core/options.js';
 import { QueueProducerCore } from '../core/producer.js';
@@ -18,6 +20,7 @@ import { SqlQueueConfigError } from '../core/errors.js';
 import { scheduleUpsertOf } from '../core/schedules/schedule-options.js';
 
 const STORE_CLOSE_TIMEOUT_MS = 5_000;
+const THROUGHPUT_FLUSH_TIMEOUT_MS = 2_000;
 
 /**
  * Everything one SqlQueueModule owns at run time. Built by an async provider, so a bad
@@ -35,6 +38,8 @@ export class SqlQueueRuntime {
   private readonly wakeTarget: Pick<QueueStore, 'notify'>;
   readonly producer: QueueProducerCore;
   readonly workerId: string;
+  /** Adds this process's job outcomes to the database's per-minute counts (the `throughput` option). */
+  readonly throughput: ThroughputRecorder | null;
   /** The Service Broker transport, when the `broker` option declares queues (SQL Server only). */
   broker: BrokerRuntimeApi | null = null;
   /** Queue settings this process recorded (consumers only). */
@@ -60,6 +65,18 @@ export class SqlQueueRuntime {
       this.wakeBus,
       this.remoteWaker,
     );
+    this.throughput = options.throughput.enabled
+      ? new ThroughputRecorder({
+          store,
+          clock: systemClock,
+          logger,
+          flushIntervalMs: options.throughput.flushIntervalMs,
+        })
+      : null;
+    if (this.throughput) {
+      this.addListener(this.throughput);
+      this.throughput.start();
+    }
   }
 
   /** Connected at boot (the `broker` option): its doorbell, if any, rings for table queues. */
@@ -117,6 +134,7 @@ export class SqlQueueRuntime {
     if (this.closed) return;
     this.closed = true;
     this.remoteWaker?.close();
+    await this.throughput?.stop(THROUGHPUT_FLUSH_TIMEOUT_MS);
     await this.broker?.close().catch((error: unknown) => {
       this.logger.warn(`closing the Service Broker reader pool failed: ${(error as Error).message}`);
     });

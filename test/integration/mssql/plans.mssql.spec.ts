@@ -11,7 +11,7 @@
 import sql from 'mssql';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import type { QueueStore } from '../../../lib/src/core/queue-store.js';
-import type { ClaimedJob } from '../../../lib/src/core/types.js';
+import { DONE_SCAN_LIMIT, type ClaimedJob, type EnqueueOptions, type JobState } from '../../../lib/src/core/types.js';
 import { prepareJob } from '../../../lib/src/core/validation.js';
 import { createMssqlStore } from '../../../lib/src/store/mssql/mssql.connect.js';
 import { quoteMssqlIdentifier } from '../../../lib/src/store/mssql/mssql.identifiers.js';
@@ -29,6 +29,7 @@ import {
   parseXml,
   planOperators,
   statementPlans,
+  type PlanOperator,
   type StatementPlan,
   type XmlElement,
 } from '../../helpers/showplan.js';
@@ -103,6 +104,53 @@ async function replayWithShowplans(
   Object.assign(replay.parameters, sent[0]!.parameters);
   const result = await replay.query(sent[0]!.text);
   return result.recordsets as sql.IRecordSet<Record<string, unknown>>[];
+}
+
+/**
+ * Rows each index of `schema`.`table` was read for (ActualRowsRead: before any residual
+ * predicate), summed over every seek or scan of the showplans in `recordsets`.
+ */
+function rowsReadByIndex(
+  recordsets: sql.IRecordSet<Record<string, unknown>>[],
+  schema: string,
+  table: string,
+): Map<string, number> {
+  const read = new Map<string, number>();
+  const visit = (element: XmlElement) => {
+    if (element.name === 'RelOp' && /Seek|Scan/.test(element.attributes.PhysicalOp ?? '')) {
+      const scan = element.children.find((c) => c.name === 'IndexScan');
+      const object = scan?.children.find((c) => c.name === 'Object');
+      if (object?.attributes.Schema === `[${schema}]` && object.attributes.Table === `[${table}]`) {
+        const index = (object.attributes.Index ?? '(heap)').replace(/^\[(.*)\]$/, '$1');
+        const counters =
+          element.children
+            .find((c) => c.name === 'RunTimeInformation')
+            ?.children.filter((c) => c.name === 'RunTimeCountersPerThread') ?? [];
+        const rows = counters.reduce(
+          (sum, c) => sum + Number(c.attributes.ActualRowsRead ?? c.attributes.ActualRows ?? 0),
+          0,
+        );
+        read.set(index, (read.get(index) ?? 0) + rows);
+      }
+    }
+    element.children.forEach(visit);
+  };
+  for (const recordset of recordsets) {
+    const column = Object.keys(recordset.columns ?? {}).find((name) => /showplan/i.test(name));
+    if (column) for (const row of recordset) visit(parseXml(String(row[column])));
+  }
+  return read;
+}
+
+/**
+ * A day of per-minute buckets before the current minute, for three queues of their own (no
+ * store statement writes a past minute): what a range read of the last hour must not read.
+ */
+function olderBuckets(schema: string): string {
+  return `INSERT INTO ${quoteMssqlIdentifier(schema)}.[Throughput] ([Minute], [Queue], [Completed], [Failed], [Dead])
+SELECT DATEADD(minute, -n.[N], DATEADD(minute, DATEDIFF(minute, 0, SYSUTCDATETIME()), 0)), q.[Queue], 1, 0, 0
+FROM (SELECT TOP (1440) ROW_NUMBER() OVER (ORDER BY (SELECT NULL)) AS [N] FROM sys.all_columns AS a CROSS JOIN sys.all_columns AS b) AS n
+CROSS JOIN (VALUES (N'dash-old-a'), (N'dash-old-b'), (N'dash-old-c')) AS q ([Queue]);`;
 }
 
 /** What a plan test opened, closed (any may be missing when its setup failed), and its schema dropped. */
@@ -446,33 +494,8 @@ describeEachMssqlDatabase('the claim reads due groups only, whatever the groups 
   afterAll(() => closePlanTest({ planPool, store, pool }, db.url, schema));
 
   /** Rows each index of Groups was read for, over every seek or scan of the showplans in `recordsets`. */
-  function groupRowsRead(recordsets: sql.IRecordSet<Record<string, unknown>>[]): Map<string, number> {
-    const read = new Map<string, number>();
-    const visit = (element: XmlElement) => {
-      if (element.name === 'RelOp' && /Seek|Scan/.test(element.attributes.PhysicalOp ?? '')) {
-        const scan = element.children.find((c) => c.name === 'IndexScan');
-        const object = scan?.children.find((c) => c.name === 'Object');
-        if (object?.attributes.Schema === `[${schema}]` && object.attributes.Table === '[Groups]') {
-          const index = (object.attributes.Index ?? '(heap)').replace(/^\[(.*)\]$/, '$1');
-          const counters =
-            element.children
-              .find((c) => c.name === 'RunTimeInformation')
-              ?.children.filter((c) => c.name === 'RunTimeCountersPerThread') ?? [];
-          const rows = counters.reduce(
-            (sum, c) => sum + Number(c.attributes.ActualRowsRead ?? c.attributes.ActualRows ?? 0),
-            0,
-          );
-          read.set(index, (read.get(index) ?? 0) + rows);
-        }
-      }
-      element.children.forEach(visit);
-    };
-    for (const recordset of recordsets) {
-      const column = Object.keys(recordset.columns ?? {}).find((name) => /showplan/i.test(name));
-      if (column) for (const row of recordset) visit(parseXml(String(row[column])));
-    }
-    return read;
-  }
+  const groupRowsRead = (recordsets: sql.IRecordSet<Record<string, unknown>>[]) =>
+    rowsReadByIndex(recordsets, schema, 'Groups');
 
   it('the claim and hasClaimableWork read a few rows of the group indexes, none of the 20,000 waiting groups of higher priority', async () => {
     for (const work of [() => claim(2), () => store.hasClaimableWork(queue)]) {
@@ -507,5 +530,202 @@ describeEachMssqlDatabase('the claim reads due groups only, whatever the groups 
           );
     expect(soon.map((c) => c.payload)).toEqual([{ soon: true }]);
     expect(await claim(10)).toEqual([]);
+  });
+});
+
+/**
+ * The dashboard's reads (listJobs for each state, readThroughput) with 15,000 finished jobs in
+ * the table: each listing reads the filtered index that already serves its state by seeks in
+ * index order (no sort above the read, no scan of Jobs), the rows it lists by primary key; the
+ * done listing reads at most DONE_SCAN_LIMIT entries of each done index (keyless and keyed jobs),
+ * newest first; the throughput read is one range of its primary key.
+ */
+describeEachMssqlDatabase('actual plans of the dashboard reads over 15,000 finished jobs', (db) => {
+  const schema = uniqueSchema('dplans');
+  const queue = 'dash';
+  const KEYLESS_DONE = 12_000;
+  const KEYED_DONE = 3_000;
+  const LIVE = 40;
+  let pool: sql.ConnectionPool;
+  let planPool: sql.ConnectionPool;
+  let store: QueueStore;
+  let capture: ReturnType<typeof statementRecorder>;
+  const limits = { maxPayloadBytes: 1024, defaultMaxAttempts: 3 };
+  const job = (options: EnqueueOptions, n: number) => prepareJob(queue, { n }, options, limits);
+  const many = (count: number, options: (i: number) => EnqueueOptions) =>
+    Array.from({ length: count }, (_, i) => job(options(i), i));
+
+  beforeAll(async () => {
+    pool = await openMssqlPool(db.url, 4);
+    capture = statementRecorder(pool);
+    store = createMssqlStore({ pool }, { schema });
+    await store.migrate('auto');
+    // History in both done indexes: completions without and with an idempotency key.
+    for (let from = 0; from < KEYLESS_DONE; from += 3_000) await store.enqueue(many(3_000, () => ({})));
+    await store.enqueue(many(KEYED_DONE, (i) => ({ idempotencyKey: `k-${i}` })));
+    for (;;) {
+      const claimed = await store.claim({ queue, limit: 1_000, leaseMs: 600_000, workerId: WORKER });
+      if (claimed.length === 0) break;
+      await store.complete(claimed.map((c) => ({ id: c.id, claimToken: c.claimToken })));
+    }
+    // Dead, then leased, then waiting jobs: ungrouped and grouped, ready and delayed.
+    await store.enqueue(many(LIVE, () => ({ maxAttempts: 1 })));
+    const dying = await store.claim({ queue, limit: LIVE, leaseMs: 600_000, workerId: WORKER });
+    await store.fail(
+      dying.map((c) => ({
+        id: c.id,
+        claimToken: c.claimToken,
+        error: 'dies',
+        stack: null,
+        retryDelayMs: 0,
+        dead: true,
+        workerId: WORKER,
+      })),
+    );
+    await store.enqueue(many(LIVE, () => ({})));
+    expect(await store.claim({ queue, limit: LIVE, leaseMs: 600_000, workerId: WORKER })).toHaveLength(LIVE);
+    await store.enqueue(many(LIVE, () => ({})));
+    await store.enqueue(many(LIVE, (i) => ({ groupKey: `ready-${i % 10}` })));
+    await store.enqueue(many(LIVE, () => ({ delayMs: 3_600_000 })));
+    await store.enqueue(many(LIVE, (i) => ({ groupKey: `later-${i % 10}`, delayMs: 3_600_000 })));
+    // Buckets: this minute's, and a day of older ones in queues of their own.
+    await store.recordThroughput(
+      ['a', 'b', 'c'].map((q) => ({ queue: `dash-${q}`, completed: 1, failed: 0, dead: 0 })),
+    );
+    await mssqlRows(db.url, olderBuckets(schema));
+    for (const table of ['Jobs', 'Throughput']) {
+      await mssqlRows(db.url, RECOMPILE_PLANS_OF_TABLE, (r) =>
+        r.input('table', sql.NVarChar(776), `${quoteMssqlIdentifier(schema)}.[${table}]`),
+      );
+    }
+    planPool = await openMssqlPool(db.url, 1);
+  }, SETUP_MS);
+
+  afterAll(() => closePlanTest({ planPool, store, pool }, db.url, schema));
+
+  /** The store's one statement for `work`, run again with actual showplans: its plans and its recordsets. */
+  async function replay(work: () => Promise<unknown>) {
+    const recordsets = await replayWithShowplans(capture, planPool, work);
+    return { recordsets, plans: plansOf(recordsets) };
+  }
+
+  /**
+   * A Sort between a read of Jobs and the Top above it: the index order did not serve the ORDER
+   * BY of a TOP, so the read did not stop after the rows the page needs. (A sort above the Top,
+   * of the few rows it passes, orders the page's insert and is no such read.)
+   */
+  function sortsOverJobs(plan: StatementPlan): string[] {
+    const readsJobs = (op: PlanOperator): boolean =>
+      op.objects.some((o) => o.schema === schema && o.table === 'Jobs') ||
+      op.children.some((child) => child.physicalOp !== 'Top' && readsJobs(child));
+    return planOperators(plan)
+      .filter(
+        (op) => op.physicalOp === 'Sort' && op.children.some((child) => child.physicalOp !== 'Top' && readsJobs(child)),
+      )
+      .map((op) => op.logicalOp);
+  }
+
+  /**
+   * The reads of Jobs that fill the page (INSERT INTO @page): per fill (in statement order) its
+   * Index Seeks on `indexes`, with no sort above them; and the listed rows read by primary key.
+   */
+  function expectPageReads(plans: StatementPlan[], indexes: string[][]): void {
+    const all = plans.map(describePlan).join('\n\n');
+    const fills = plans.filter((p) => p.type === 'INSERT' && operatorsOn(p, schema, 'Jobs').length > 0);
+    expect(
+      fills.map((p) => operatorsOn(p, schema, 'Jobs').map((op) => `${op.physicalOp} ${op.objects[0]?.index}`)),
+      all,
+    ).toEqual(indexes.map((fill) => fill.map((index) => `Index Seek ${index}`)));
+    for (const fill of fills) expect(sortsOverJobs(fill), describePlan(fill)).toEqual([]);
+    const listed = plans.filter((p) => p.type === 'SELECT' && operatorsOn(p, schema, 'Jobs').length > 0);
+    expect(listed, all).toHaveLength(1);
+    expect(
+      operatorsOn(listed[0]!, schema, 'Jobs').map((op) => `${op.physicalOp} ${op.objects[0]?.index}`),
+      all,
+    ).toEqual(['Clustered Index Seek PK_Jobs']);
+  }
+
+  it.each<[JobState, string[][]]>([
+    // A first page: the claim order's three ranges (two of them empty), then the grouped part's
+    // one fill over two ranges (the rest of the position's group, the groups after it).
+    ['ready', [['IX_Jobs_Claim'], ['IX_Jobs_Claim'], ['IX_Jobs_Claim'], ['IX_Jobs_Group', 'IX_Jobs_Group']]],
+    ['delayed', [['IX_Jobs_Delayed'], ['IX_Jobs_Delayed'], ['IX_Jobs_Group', 'IX_Jobs_Group']]],
+    ['leased', [['IX_Jobs_Leased'], ['IX_Jobs_Leased']]],
+    ['dead', [['IX_Jobs_Dead']]],
+  ])(
+    'listJobs(%s) reads its filtered index in order, by seeks, and the listed rows by primary key',
+    async (state, indexes) => {
+      const { plans } = await replay(() => store.listJobs({ queue, state, limit: 2 * LIVE + 10 }));
+      expectPageReads(plans, indexes);
+      const page = await store.listJobs({ queue, state, limit: 2 * LIVE + 10 });
+      expect(page.jobs).toHaveLength(state === 'ready' || state === 'delayed' ? 2 * LIVE : LIVE);
+      expect(page.jobs.every((j) => j.state === state)).toBe(true);
+    },
+  );
+
+  it('listJobs(ready) on a later page starts at the cursor: rows read follow the page, not the pages before it', async () => {
+    const first = await store.listJobs({ queue, state: 'ready', limit: 30 });
+    const { recordsets } = await replay(() =>
+      store.listJobs({ queue, state: 'ready', limit: 30, cursor: first.nextCursor }),
+    );
+    const read = rowsReadByIndex(recordsets, schema, 'Jobs');
+    const text = JSON.stringify([...read]);
+    // 10 ungrouped jobs left and 21 grouped ready ones to fill the page; the grouped reads pass
+    // over the queue's grouped delayed jobs (State is checked in the index), at most 40.
+    expect(read.get('IX_Jobs_Claim')!, text).toBeLessThanOrEqual(LIVE - 30 + 2);
+    expect(read.get('IX_Jobs_Group')!, text).toBeLessThanOrEqual(21 + LIVE + 2);
+  });
+
+  it('listJobs(done) looks through at most DONE_SCAN_LIMIT entries of each done index, newest first; no scan of Jobs', async () => {
+    const { plans, recordsets } = await replay(() => store.listJobs({ queue, state: 'done', limit: 50 }));
+    const all = plans.map(describePlan).join('\n\n');
+    const read = rowsReadByIndex(recordsets, schema, 'Jobs');
+    expect([...read.keys()].sort(), all).toEqual(['IX_Jobs_Done', 'IX_Jobs_DoneKeyed', 'PK_Jobs']);
+    expect(read.get('IX_Jobs_Done')!).toBeLessThanOrEqual(DONE_SCAN_LIMIT);
+    expect(read.get('IX_Jobs_DoneKeyed')!).toBeLessThanOrEqual(DONE_SCAN_LIMIT);
+    for (const plan of plans) {
+      expect(
+        operatorsOn(plan, schema, 'Jobs')
+          .filter((op) => op.objects.some((o) => o.index === 'PK_Jobs') && op.physicalOp !== 'Clustered Index Seek')
+          .map((op) => op.physicalOp),
+        describePlan(plan),
+      ).toEqual([]);
+    }
+    const page = await store.listJobs({ queue, state: 'done', limit: 50 });
+    expect(page.jobs).toHaveLength(50);
+    const times = page.jobs.map((j) => j.finishedAt!.getTime());
+    expect(times).toEqual([...times].sort((a, b) => b - a));
+  });
+
+  it('listJobs(done) of a queue with no recent completion reads the whole window once more to count it, and says so', async () => {
+    const { recordsets } = await replay(() => store.listJobs({ queue: 'dash-none', state: 'done', limit: 50 }));
+    const read = rowsReadByIndex(recordsets, schema, 'Jobs');
+    const text = JSON.stringify([...read]);
+    // The page's look-up and the count: each at most DONE_SCAN_LIMIT entries per index.
+    expect(read.get('IX_Jobs_Done')!, text).toBeLessThanOrEqual(2 * DONE_SCAN_LIMIT);
+    expect(read.get('IX_Jobs_DoneKeyed')!, text).toBeLessThanOrEqual(2 * DONE_SCAN_LIMIT);
+    expect(read.get('PK_Jobs')!, text).toBeLessThanOrEqual(DONE_SCAN_LIMIT);
+    expect(await store.listJobs({ queue: 'dash-none', state: 'done', limit: 50 })).toEqual({
+      jobs: [],
+      nextCursor: null,
+      scanLimited: true,
+    });
+  });
+
+  it('readThroughput seeks a range of the primary key, not the day of older buckets', async () => {
+    const { plans, recordsets } = await replay(() => store.readThroughput(60));
+    const all = plans.map(describePlan).join('\n\n');
+    const reads = plans.flatMap((p) => operatorsOn(p, schema, 'Throughput'));
+    expect(
+      reads.map((op) => `${op.physicalOp} ${op.objects[0]?.index}`),
+      all,
+    ).toEqual(['Clustered Index Seek PK_Throughput']);
+    // At most 59 older minutes of three queues, and this minute's buckets: never the day before.
+    const read = rowsReadByIndex(recordsets, schema, 'Throughput').get('PK_Throughput')!;
+    expect(read).toBeLessThanOrEqual(59 * 3 + 3);
+    const { now, buckets } = await store.readThroughput(60);
+    const since = Math.floor(now.getTime() / 60_000) * 60_000 - 59 * 60_000;
+    expect(buckets.filter((b) => b.minute.getTime() < since)).toEqual([]);
+    expect(buckets.filter((b) => b.queue.startsWith('dash-') && !b.queue.startsWith('dash-old-'))).toHaveLength(3);
   });
 });

@@ -418,6 +418,36 @@ WHERE h.[Nth] = 1;`,
       ];
     },
   },
+  {
+    version: 8,
+    description: 'throughput',
+    // The dashboard's outcome counts: one row per queue and minute (the database clock), added to
+    // by every process's flush and read as a range of the last minutes. Clustered on (Minute,
+    // Queue), so the read and the retention delete are ranges of the key, and a flush's upsert
+    // seeks its rows. No READPAST reads it, so lock escalation keeps its default (a retention
+    // delete takes at most SET_BATCH rows). Its own table type carries a flush's counts, one row
+    // per queue, in one round trip.
+    batches: (schema) => {
+      const s = quoteMssqlIdentifier(schema);
+      return [
+        `CREATE TABLE ${s}.[Throughput] (
+  [Minute] datetime2(3) NOT NULL,
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [Completed] bigint NOT NULL,
+  [Failed] bigint NOT NULL,
+  [Dead] bigint NOT NULL,
+  CONSTRAINT [PK_Throughput] PRIMARY KEY CLUSTERED ([Minute], [Queue]),
+  CONSTRAINT [CK_Throughput_Counts] CHECK ([Completed] >= 0 AND [Failed] >= 0 AND [Dead] >= 0)
+);`,
+        `CREATE TYPE ${s}.[ThroughputCountList] AS TABLE (
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY,
+  [Completed] bigint NOT NULL,
+  [Failed] bigint NOT NULL,
+  [Dead] bigint NOT NULL
+);`,
+      ];
+    },
+  },
 ];
 
 export const MSSQL_LATEST_VERSION = MSSQL_MIGRATIONS[MSSQL_MIGRATIONS.length - 1]!.version;

@@ -1,5 +1,14 @@
 import sql from 'mssql';
-import { SqlQueueTransactionError, SqlQueueValidationError } from '../../core/errors.js';
+import { SqlQueueError, SqlQueueTransactionError, SqlQueueValidationError } from '../../core/errors.js';
+import {
+  checkJobListRequest,
+  encodeJobListCursor,
+  splitJobListRows,
+  type JobListPosition,
+  JOB_LIST_STATEMENTS,
+} from '../../core/job-list-cursor.js';
+import { assertThroughputMinutes, sumThroughputByQueue } from '../../core/throughput/index.js';
+import { assertJobId } from '../../core/producer.js';
 import type { MigrationMode, QueueStore, SchemaStatus } from '../../core/queue-store.js';
 import { assertSchemaVersion } from '../../core/schema-version.js';
 import type {
@@ -17,8 +26,11 @@ import type {
   HeartbeatItem,
   HeartbeatResult,
   JobId,
+  JobListPage,
+  JobListRequest,
   JobRecord,
   JobState,
+  JobSummary,
   NewJob,
   OwnedJob,
   OwnershipOutcome,
@@ -27,7 +39,10 @@ import type {
   QueueSetting,
   QueueStats,
   ReapedJob,
+  ThroughputCount,
+  ThroughputReading,
 } from '../../core/types.js';
+import { DONE_SCAN_LIMIT, THROUGHPUT_RETENTION_MS } from '../../core/types.js';
 import type {
   ScheduleFiring,
   ScheduleRow,
@@ -82,7 +97,6 @@ const MAX_OFFSET_MS = INT_MAX * 1000;
  * looks like a fault for a moment, and is done long before the second look.
  */
 const REPAIR_RECHECK_MS = 250;
-
 /** Where the repair sweep resumes: the last group it looked at, or null to start over. */
 interface SweepCursor {
   queue: string;
@@ -99,6 +113,8 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
   /** The repair sweep's two cursors: over group rows, and over groups that have unfinished jobs. */
   private rowSweep: SweepCursor | null = null;
   private orphanSweep: SweepCursor | null = null;
+  /** Set by close() on a pool the store opened: mssql would open a closed pool again on the next request. */
+  private closed = false;
 
   constructor(
     private readonly pool: sql.ConnectionPool,
@@ -115,6 +131,13 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
    * sends, and derives its reader pool from the pool's config.
    */
   connected(): Promise<sql.ConnectionPool> {
+    if (this.closed) {
+      return Promise.reject(
+        new SqlQueueError(
+          `the SQL Server store of schema '${this.schema}' is closed: create a new store to use it again`,
+        ),
+      );
+    }
     if (this.pool.connected) return Promise.resolve(this.pool);
     this.connecting ??= this.pool.connect().finally(() => {
       this.connecting = null;
@@ -483,28 +506,106 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
       }
     }
     if (ids.length === 0) return [];
-    const table = new sql.Table(`${this.schema}.${MSSQL_TABLE_TYPES.ids}`);
-    table.columns.add('Id', sql.BigInt, { nullable: false });
-    for (const id of new Set(ids)) table.rows.add(id);
     const rows = await this.run<{ Id: string }>('retryDead', (r) =>
-      r.input('queue', sql.NVarChar(128), queue).input('ids', table),
+      r.input('queue', sql.NVarChar(128), queue).input('ids', this.idTable(ids)),
     );
     return rows.map((row) => row.Id);
   }
 
-  async purgeDead(queue: string, options?: { olderThanMs?: number }): Promise<number> {
+  private idTable(ids: Iterable<JobId>): sql.Table {
+    const table = new sql.Table(`${this.schema}.${MSSQL_TABLE_TYPES.ids}`);
+    table.columns.add('Id', sql.BigInt, { nullable: false });
+    for (const id of new Set(ids)) table.rows.add(id);
+    return table;
+  }
+
+  /**
+   * All of a queue's dead jobs (or those dead longer than `olderThanMs`) in statements of
+   * SET_BATCH rows; with `ids`, only those of them, in statements of SET_BATCH ids.
+   */
+  async purgeDead(queue: string, options?: { olderThanMs?: number; ids?: readonly JobId[] }): Promise<number> {
+    const olderThanMs = Math.min(options?.olderThanMs ?? 0, MAX_OFFSET_MS);
+    const bind = (batch: number) => (r: sql.Request) =>
+      r
+        .input('queue', sql.NVarChar(128), queue)
+        .input('olderThanMs', sql.BigInt, olderThanMs)
+        .input('batch', sql.Int, batch);
     let total = 0;
+    if (options?.ids) {
+      const ids = [...new Set(options.ids.map((id) => assertJobId(id)))];
+      for (let from = 0; from < ids.length; from += SET_BATCH) {
+        const chunk = ids.slice(from, from + SET_BATCH);
+        const rows = await this.run<{ Deleted: number }>('purgeDeadIds', (r) =>
+          bind(chunk.length)(r).input('ids', this.idTable(chunk)),
+        );
+        total += Number(rows[0]?.Deleted ?? 0);
+      }
+      return total;
+    }
     for (;;) {
-      const rows = await this.run<{ Deleted: number }>('purgeDead', (r) =>
-        r
-          .input('queue', sql.NVarChar(128), queue)
-          .input('olderThanMs', sql.BigInt, Math.min(options?.olderThanMs ?? 0, MAX_OFFSET_MS))
-          .input('batch', sql.Int, SET_BATCH),
-      );
+      const rows = await this.run<{ Deleted: number }>('purgeDead', bind(SET_BATCH));
       const deleted = Number(rows[0]?.Deleted ?? 0);
       total += deleted;
       if (deleted < SET_BATCH) return total;
     }
+  }
+
+  /**
+   * One statement (see listReadyJobs … in mssql.queries.ts): the page and one more row, which
+   * says whether a next page exists, or the last entry a bounded grouped read took; a job that
+   * changed state meanwhile is left out of the page but still places the next one.
+   */
+  async listJobs(request: JobListRequest): Promise<JobListPage> {
+    const { queue, state, limit, after } = checkJobListRequest(request);
+    const [rows = [], [totals] = []] = await this.runForResults(JOB_LIST_STATEMENTS[state], (r) =>
+      r
+        .input('queue', sql.NVarChar(128), queue)
+        .input('limit', sql.Int, limit)
+        .input('part', sql.TinyInt, after === null ? null : after.part === 'grouped' ? 2 : 1)
+        .input('keyInt', sql.Int, after?.priority ?? null)
+        .input('keyAt', sql.DateTime2(3), after?.time ? new Date(after.time) : null)
+        .input('keyText', sql.NVarChar(255), after?.groupKey ?? null)
+        .input('keyId', sql.BigInt, after?.id ?? null),
+    );
+    const { page, last } = splitJobListRows(
+      rows,
+      limit,
+      (row) => row.ScanEnd === true,
+      (row) => row.Found === true,
+    );
+    const nextCursor = last ? encodeJobListCursor({ queue, state }, positionOf(last)) : null;
+    // Done: the look-up reached its bound and no page follows; older done jobs may exist.
+    const scanLimited = nextCursor === null && Number(totals?.Scanned ?? 0) >= DONE_SCAN_LIMIT;
+    return { jobs: page.filter((row) => row.Found).map(toJobSummary), nextCursor, scanLimited };
+  }
+
+  /** One batch for every queue (recordThroughput in mssql.queries.ts); nothing for no counts. */
+  async recordThroughput(counts: readonly ThroughputCount[]): Promise<void> {
+    const sums = sumThroughputByQueue(counts);
+    if (sums.length === 0) return;
+    const table = new sql.Table(`${this.schema}.${MSSQL_TABLE_TYPES.throughputCounts}`);
+    table.columns.add('Queue', sql.NVarChar(128), { nullable: false });
+    for (const column of ['Completed', 'Failed', 'Dead']) table.columns.add(column, sql.BigInt, { nullable: false });
+    for (const sum of sums) table.rows.add(sum.queue, sum.completed, sum.failed, sum.dead);
+    await this.run('recordThroughput', (r) => r.input('counts', table));
+  }
+
+  async readThroughput(minutes: number): Promise<ThroughputReading> {
+    assertThroughputMinutes(minutes);
+    const [[clock] = [], buckets = []] = await this.runForResults('readThroughput', (r) =>
+      r.input('minutes', sql.Int, minutes),
+    );
+    // bigint columns come back as strings.
+    return {
+      now: clock!.Now as Date,
+      buckets: buckets.map((b) => ({
+        minute: b.Minute as Date,
+        queue: b.Queue as string,
+        completed: Number(b.Completed),
+        failed: Number(b.Failed),
+        dead: Number(b.Dead),
+      })),
+    };
   }
 
   /**
@@ -530,6 +631,11 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
       total += deleted;
       if (deleted < batch) break;
     }
+    await this.run('cleanupThroughput', (r) =>
+      r
+        .input('retentionMs', sql.BigInt, THROUGHPUT_RETENTION_MS)
+        .input('batch', sql.Int, Math.min(SET_BATCH, request.batchSize)),
+    );
     return total;
   }
 
@@ -672,7 +778,9 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
   }
 
   async close(): Promise<void> {
-    if (this.ownsPool) await this.pool.close();
+    if (!this.ownsPool) return;
+    this.closed = true;
+    await this.pool.close();
   }
 
   /**
@@ -687,13 +795,26 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
    * when it ends (see MSSQL_STORE_SESSION).
    */
   private async run<R>(name: keyof MssqlQueries, bind: Bind, transaction: sql.Transaction | null = null): Promise<R[]> {
+    return ((await this.send<R>(name, bind, transaction)).recordset ?? []) as R[];
+  }
+
+  /** run() for a batch that returns more than one result: each, in order. */
+  private async runForResults(name: keyof MssqlQueries, bind: Bind): Promise<Row[][]> {
+    return ((await this.send<Row>(name, bind, null)).recordsets ?? []) as Row[][];
+  }
+
+  /** The round trip of run() and runForResults(), with run()'s retry. */
+  private async send<R>(
+    name: keyof MssqlQueries,
+    bind: Bind,
+    transaction: sql.Transaction | null,
+  ): Promise<sql.IResult<R>> {
     const pool = transaction ? null : await this.connected();
     for (let attempt = 1; ; attempt++) {
       const request = transaction ? new sql.Request(transaction) : pool!.request();
       bind(request);
       try {
-        const result = await request.query<R>(this.sql[name]);
-        return (result.recordset ?? []) as R[];
+        return await request.query<R>(this.sql[name]);
       } catch (error) {
         if (errorNumber(error) === MSSQL_OPEN_TRANSACTION) {
           throw new SqlQueueTransactionError(
@@ -800,24 +921,61 @@ function toScheduleRow(row: Row): ScheduleRow {
   };
 }
 
-function toJobRecord(row: Row): JobRecord {
+/** What a job record and a listed job both carry. */
+function jobFields(row: Row): Omit<JobSummary, 'payloadPreview' | 'lastErrorPreview'> {
   return {
     id: row.Id as string,
     queue: row.Queue as string,
     state: row.State as JobState,
-    payload: JSON.parse(row.Payload as string),
     priority: Number(row.Priority),
     runAt: row.RunAt as Date,
     groupKey: (row.GroupKey as string | null) ?? null,
     idempotencyKey: (row.IdempotencyKey as string | null) ?? null,
     attempts: Number(row.Attempts),
     maxAttempts: Number(row.MaxAttempts),
-    claimToken: row.ClaimToken ? (row.ClaimToken as string).toLowerCase() : null,
     leaseUntil: (row.LeaseUntil as Date | null) ?? null,
     workerId: (row.WorkerId as string | null) ?? null,
     createdAt: row.CreatedAt as Date,
     claimedAt: (row.ClaimedAt as Date | null) ?? null,
     finishedAt: (row.FinishedAt as Date | null) ?? null,
+  };
+}
+
+function toJobRecord(row: Row): JobRecord {
+  return {
+    ...jobFields(row),
+    payload: JSON.parse(row.Payload as string),
+    claimToken: row.ClaimToken ? (row.ClaimToken as string).toLowerCase() : null,
     lastError: (row.LastError as string | null) ?? null,
+  };
+}
+
+/** Where the listing stops after `row`: the sort key @page kept for it (see listedJobs in mssql.queries.ts). */
+function positionOf(row: Row): JobListPosition {
+  return {
+    part: row.Part === 2 ? 'grouped' : 'ungrouped',
+    id: row.Id as string,
+    priority: row.KeyInt === null ? null : Number(row.KeyInt),
+    // datetime2(3): the Date holds the key exactly.
+    time: row.KeyAt === null ? null : (row.KeyAt as Date).toISOString(),
+    groupKey: (row.KeyText as string | null) ?? null,
+  };
+}
+
+/**
+ * LEFT counts UTF-16 code units under a collation that is not supplementary-aware, so a preview
+ * can end with the first half of a surrogate pair: it is dropped, and the preview stays
+ * well-formed text.
+ */
+function wholeCharacters(text: string): string {
+  return /[\uD800-\uDBFF]$/.test(text) ? text.slice(0, -1) : text;
+}
+
+function toJobSummary(row: Row): JobSummary {
+  const lastError = (row.LastErrorPreview as string | null) ?? null;
+  return {
+    ...jobFields(row),
+    payloadPreview: wholeCharacters(row.PayloadPreview as string),
+    lastErrorPreview: lastError === null ? null : wholeCharacters(lastError),
   };
 }

@@ -194,6 +194,23 @@ ORDER BY queue, group_key, id`,
       ];
     },
   },
+  {
+    version: 6,
+    description: 'throughput',
+    // Per-minute outcome counts per queue (the dashboard's chart), added to by every process's
+    // flush. Keyed by minute first: the read of the last N minutes and the retention delete are
+    // both one range of the primary key, whatever the number of queues.
+    statements: (schema) => [
+      `CREATE TABLE ${quotePgIdentifier(schema)}.throughput (
+  minute timestamptz NOT NULL,
+  queue varchar(128) NOT NULL,
+  completed bigint NOT NULL DEFAULT 0,
+  failed bigint NOT NULL DEFAULT 0,
+  dead bigint NOT NULL DEFAULT 0,
+  CONSTRAINT throughput_pk PRIMARY KEY (minute, queue)
+)`,
+    ],
+  },
 ];
 
 export const PG_LATEST_VERSION = PG_MIGRATIONS[PG_MIGRATIONS.length - 1]!.version;

@@ -1,3 +1,4 @@
+import { GROUP_SCAN_LIMIT } from '../../core/types.js';
 import { quotePgIdentifier } from './postgres.identifiers.js';
 
 /**
@@ -44,6 +45,16 @@ export interface PgQueries {
   purgeDead: string;
   cleanup: string;
   notify: string;
+
+  // ---- browsing jobs and counting outcomes (the dashboard) ----
+  listReadyJobs: string;
+  listDelayedJobs: string;
+  listLeasedJobs: string;
+  listDoneJobs: string;
+  listDeadJobs: string;
+  recordThroughput: string;
+  readThroughput: string;
+  cleanupThroughput: string;
 
   // ---- health and measurements ----
   monitoringSettings: string;
@@ -148,6 +159,66 @@ const EMPTIED_GROUPS = `CASE WHEN row_number() OVER () = 1 THEN
 /** The groups a group statement takes: $1 queues and $2 keys, as arrays of the same length. */
 const GROUPS_IN = 'unnest($1::text[], $2::text[]) AS i(queue, key)';
 
+/** A time as UTC ISO 8601 text to the microsecond (a listing cursor's position; a Date keeps ms). */
+const utcText = (column: string) => `to_char(${column} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`;
+
+/**
+ * A listed job (JobSummary) from row `j`, with previews of $3 characters; `cursorTime` is the
+ * time the state's order sorts by, as the cursor keeps it.
+ */
+const summaryColumns = (cursorTime: string) => `j.id::text AS id, j.queue, j.state, j.priority, j.run_at, j.group_key,
+  j.idempotency_key, j.attempts, j.max_attempts, j.lease_until, j.worker_id, j.created_at, j.claimed_at,
+  j.finished_at, left(j.payload::text, $3) AS payload_preview, left(j.last_error, $3) AS last_error_preview,
+  ${utcText(`j.${cursorTime}`)} AS cursor_time`;
+
+/**
+ * A ready or delayed listing: `ungrouped`, the page's jobs outside ordered groups (columns id,
+ * part 0, priority, run_at, group_key NULL; at most $2 rows, in listing order), then the grouped
+ * part, each row with its summary.
+ *
+ * The grouped part walks jobs_group_ix from the position ($first group_key, $first+1 id) in
+ * (group_key, id) order, at most GROUP_SCAN_LIMIT entries: the index holds the queue's grouped
+ * ready, delayed and leased jobs, and state is not among its keys. It keeps the jobs in `state`
+ * and the last entry it read (scan_end: the next page starts after it), as many as the page
+ * still needs; once the ungrouped part filled the page, that LIMIT is 0 and the walk never runs.
+ * The walk takes one entry a step: asked for GROUP_SCAN_LIMIT rows at once, the planner may read
+ * the whole rest of the index range in a bitmap scan and sort it, when the queue's rows lie close
+ * together. A recursive query yields its rows as each step makes them, in the walk's order, and
+ * stops when the LIMIT above has what it needs.
+ */
+function readyOrDelayedPage(
+  jobs: string,
+  state: 'ready' | 'delayed',
+  ungrouped: string,
+  order: string,
+  first: number,
+): string {
+  const entries = `SELECT id, group_key, state FROM ${jobs}
+    WHERE queue = $1 AND group_key IS NOT NULL AND state IN ('ready', 'delayed', 'leased')`;
+  return `WITH RECURSIVE ungrouped AS MATERIALIZED (
+  ${ungrouped}
+), walk AS (
+  (SELECT 1 AS n, e.* FROM (
+    ${entries} AND (group_key, id) > ($${first}::varchar, $${first + 1}::bigint)
+    ORDER BY group_key, id LIMIT 1) AS e)
+  UNION ALL
+  SELECT w.n + 1, e.* FROM walk AS w CROSS JOIN LATERAL (
+    ${entries} AND (group_key, id) > (w.group_key, w.id)
+    ORDER BY group_key, id LIMIT 1) AS e
+  WHERE w.n < ${GROUP_SCAN_LIMIT}
+)
+SELECT ${summaryColumns('run_at')}, p.scan_end
+FROM (
+  SELECT id, part, priority, run_at, group_key, false AS scan_end FROM ungrouped
+  UNION ALL
+  (SELECT id, 1, NULL::int, NULL::timestamptz, group_key, n = ${GROUP_SCAN_LIMIT} FROM walk
+   WHERE state = '${state}' OR n = ${GROUP_SCAN_LIMIT}
+   LIMIT $2::bigint - (SELECT count(*) FROM ungrouped))
+) AS p
+JOIN ${jobs} j ON j.id = p.id
+ORDER BY p.part, ${order}, p.group_key, p.id`;
+}
+
 export function pgQueries(schema: string): PgQueries {
   const jobs = `${quotePgIdentifier(schema)}.jobs`;
   const attempts = `${quotePgIdentifier(schema)}.attempts`;
@@ -155,6 +226,7 @@ export function pgQueries(schema: string): PgQueries {
   const settings = `${quotePgIdentifier(schema)}.queue_settings`;
   const groups = `${quotePgIdentifier(schema)}.groups`;
   const schedules = `${quotePgIdentifier(schema)}.schedules`;
+  const throughput = `${quotePgIdentifier(schema)}.throughput`;
   const groupRelease = (changed: string) => releaseGroups(jobs, groups, changed);
   // A LATERAL join giving `n`: the lowest unfinished job (id, run_at, priority) of the group in
   // `alias` (columns queue and `keyColumn`), one seek on jobs_group_ix.
@@ -809,7 +881,9 @@ SET state = 'ready', attempts = 0, run_at = now(), finished_at = NULL, claim_tok
 WHERE queue = $1 AND state = 'dead'
 RETURNING id::text AS id, group_key`,
 
-    // $1 queue, $2 older-than ms (0 for all), $3 batch size. The rows are locked where they are
+    // $1 queue, $2 older-than ms (0 for all), $3 batch size, $4 bigint[] of the ids to purge (null:
+    // every one). Run plain, so it is planned with its values: the null test folds away and the
+    // ids, when given, are a condition on jobs_dead_ix (queue, id). The rows are locked where they are
     // chosen: FOR UPDATE re-checks the conditions on a row another statement changed (a dead job
     // retryDead moved back to ready is no longer chosen), and SKIP LOCKED never waits on one.
     // A group blocked by a purged job is released: its head becomes its lowest unfinished job
@@ -818,6 +892,7 @@ RETURNING id::text AS id, group_key`,
   DELETE FROM ${jobs} WHERE id IN (
     SELECT id FROM ${jobs}
     WHERE queue = $1 AND state = 'dead' AND finished_at <= now() - $2::float8 * interval '1 millisecond'
+      AND ($4::bigint[] IS NULL OR id = ANY ($4::bigint[]))
     ORDER BY id LIMIT $3
     FOR UPDATE SKIP LOCKED
   )
@@ -856,6 +931,124 @@ SELECT (SELECT count(*) FROM purged)::int AS deleted, ${EMPTIED_GROUPS}`,
    ORDER BY finished_at LIMIT $4)
 ) AND (state = 'done' OR (state = 'dead' AND $3::float8 IS NOT NULL))
   AND finished_at < now() - LEAST($1::float8, COALESCE($3::float8, $1::float8)) * interval '1 millisecond'`,
+
+    // ---- browsing jobs and counting outcomes (the dashboard) -----------------------------------
+
+    // Each listing selects its page of ids through the partial index that already serves the
+    // state, by keyset ("after the last job listed", never OFFSET), then reads the summary of those
+    // rows only: previews are cut here, so a page never carries whole payloads. Every one takes $1
+    // queue, $2 rows (the page and one more, which tells whether a next page exists), $3 preview
+    // characters, then the position after which the page starts. A first page passes a position
+    // before every job, and a page in the grouped part one after every ungrouped job, so each
+    // statement has one shape and no condition on which page it is.
+
+    // $4 priority (bigint, so 2^31 stands before every job), $5 run_at, $6 id: the ungrouped
+    // position; $7 group_key, $8 id: the grouped one. The ungrouped part is claim order on
+    // jobs_claim_ix: the rest of the position's priority, then the lower priorities.
+    listReadyJobs: readyOrDelayedPage(
+      jobs,
+      'ready',
+      `SELECT id, 0 AS part, priority, run_at, NULL::varchar AS group_key FROM (
+    (SELECT id, priority, run_at FROM ${jobs}
+     WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND priority = $4::bigint
+       AND (run_at, id) > ($5::timestamptz, $6::bigint)
+     ORDER BY run_at, id LIMIT $2)
+    UNION ALL
+    (SELECT id, priority, run_at FROM ${jobs}
+     WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND priority < $4::bigint
+     ORDER BY priority DESC, run_at, id LIMIT $2)
+  ) AS u
+  ORDER BY priority DESC, run_at, id LIMIT $2`,
+      'p.priority DESC, p.run_at',
+      7,
+    ),
+
+    // $4 run_at, $5 id: the ungrouped position ('infinity' once in the grouped part), on
+    // jobs_delayed_ix; $6 group_key, $7 id: the grouped one.
+    listDelayedJobs: readyOrDelayedPage(
+      jobs,
+      'delayed',
+      `SELECT id, 0 AS part, NULL::int AS priority, run_at, NULL::varchar AS group_key FROM ${jobs}
+  WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND (run_at, id) > ($4::timestamptz, $5::bigint)
+  ORDER BY run_at, id LIMIT $2`,
+      'p.run_at',
+      6,
+    ),
+
+    // $4 lease_until, $5 id. jobs_leased_ix holds (queue, lease_until): the position bounds the
+    // index range and ties on lease_until are put in id order (few: leased jobs are running ones).
+    listLeasedJobs: `SELECT ${summaryColumns('lease_until')}
+FROM (
+  SELECT id, lease_until FROM ${jobs}
+  WHERE queue = $1 AND state = 'leased' AND (lease_until, id) > ($4::timestamptz, $5::bigint)
+  ORDER BY lease_until, id LIMIT $2
+) AS p
+JOIN ${jobs} j ON j.id = p.id
+ORDER BY p.lease_until, p.id`,
+
+    // $4 finished_at, $5 id ('infinity' for the first page), $6 how many completions to look
+    // through. Done rows are indexed by finish time only (jobs_done_ix, of all queues), so the
+    // look-up walks the $6 most recent completions, newest first, and keeps the queue's: its
+    // cost is bounded whatever the history holds. `scanned` (on every row, and on the one row
+    // with no job when the page is empty) tells whether the walk reached its bound.
+    listDoneJobs: `WITH recent AS MATERIALIZED (
+  SELECT id, queue, finished_at FROM ${jobs}
+  WHERE state = 'done'
+  ORDER BY finished_at DESC, id DESC
+  LIMIT $6
+), p AS MATERIALIZED (
+  SELECT id, finished_at FROM recent
+  WHERE queue = $1 AND (finished_at, id) < ($4::timestamptz, $5::bigint)
+  ORDER BY finished_at DESC, id DESC
+  LIMIT $2
+)
+SELECT (SELECT count(*) FROM recent)::int AS scanned, page.*
+FROM (VALUES (1)) AS one (x)
+LEFT JOIN (
+  SELECT ${summaryColumns('finished_at')}, p.finished_at AS sort_time, p.id AS sort_id
+  FROM p JOIN ${jobs} j ON j.id = p.id
+) AS page ON true
+ORDER BY page.sort_time DESC, page.sort_id DESC`,
+
+    // $4 id: the page holds ids up to it (the last one listed minus one; the largest bigint first).
+    listDeadJobs: `SELECT ${summaryColumns('finished_at')}
+FROM (
+  SELECT id FROM ${jobs}
+  WHERE queue = $1 AND state = 'dead' AND id <= $4::bigint
+  ORDER BY id DESC LIMIT $2
+) AS p
+JOIN ${jobs} j ON j.id = p.id
+ORDER BY p.id DESC`,
+
+    // $1 queues (one entry each, in any order), $2 completed, $3 failed, $4 dead. Upsert-adds into
+    // each queue's bucket of the current minute (the database clock; now() is the statement's
+    // time in autocommit). A concurrent first insert of the same bucket makes this one wait and
+    // add instead; rows go in queue order, so two flushes lock their buckets in one order and
+    // never deadlock.
+    recordThroughput: `INSERT INTO ${throughput} AS t (minute, queue, completed, failed, dead)
+SELECT date_trunc('minute', now(), 'UTC'), c.queue, c.completed, c.failed, c.dead
+FROM unnest($1::varchar[], $2::bigint[], $3::bigint[], $4::bigint[]) AS c(queue, completed, failed, dead)
+ORDER BY c.queue
+ON CONFLICT (minute, queue) DO UPDATE
+SET completed = t.completed + EXCLUDED.completed, failed = t.failed + EXCLUDED.failed, dead = t.dead + EXCLUDED.dead`,
+
+    // $1 minutes: the buckets of the last $1 minutes, the current one included, oldest first, as
+    // one range of throughput_pk; one row with no bucket when there are none, for the clock.
+    readThroughput: `SELECT now() AS now, b.minute, b.queue, b.completed, b.failed, b.dead
+FROM (VALUES (1)) AS one (x)
+LEFT JOIN (
+  SELECT minute, queue, completed::float8 AS completed, failed::float8 AS failed, dead::float8 AS dead
+  FROM ${throughput}
+  WHERE minute >= date_trunc('minute', now(), 'UTC') - ($1::int - 1) * interval '1 minute'
+) AS b ON true
+ORDER BY b.minute, b.queue`,
+
+    // $1 retention ms, $2 batch size: the oldest buckets past the retention, one key range.
+    cleanupThroughput: `DELETE FROM ${throughput} WHERE (minute, queue) IN (
+  SELECT minute, queue FROM ${throughput}
+  WHERE minute < now() - $1::float8 * interval '1 millisecond'
+  ORDER BY minute LIMIT $2
+)`,
 
     // A wake-up is only a hint: its transaction need not wait for a WAL flush (is_local: this
     // statement's own transaction only).

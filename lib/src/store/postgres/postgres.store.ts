@@ -1,5 +1,14 @@
 import { createHash } from 'node:crypto';
 import { SqlQueueValidationError } from '../../core/errors.js';
+import {
+  checkJobListRequest,
+  encodeJobListCursor,
+  splitJobListRows,
+  type JobListPosition,
+  JOB_LIST_STATEMENTS,
+} from '../../core/job-list-cursor.js';
+import { assertThroughputMinutes, sumThroughputByQueue } from '../../core/throughput/index.js';
+import { assertJobId } from '../../core/producer.js';
 import type { MigrationMode, QueueStore, SchemaStatus } from '../../core/queue-store.js';
 import { assertSchemaVersion } from '../../core/schema-version.js';
 import type {
@@ -17,8 +26,11 @@ import type {
   HeartbeatItem,
   HeartbeatResult,
   JobId,
+  JobListPage,
+  JobListRequest,
   JobRecord,
   JobState,
+  JobSummary,
   NewJob,
   OwnedJob,
   OwnershipOutcome,
@@ -27,7 +39,10 @@ import type {
   QueueSetting,
   QueueStats,
   ReapedJob,
+  ThroughputCount,
+  ThroughputReading,
 } from '../../core/types.js';
+import { DONE_SCAN_LIMIT, JOB_PREVIEW_CHARS, THROUGHPUT_RETENTION_MS } from '../../core/types.js';
 import type {
   ScheduleFiring,
   ScheduleRow,
@@ -425,19 +440,74 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
     return rows.map((row) => row.id);
   }
 
-  async purgeDead(queue: string, options?: { olderThanMs?: number }): Promise<number> {
+  async purgeDead(queue: string, options?: { olderThanMs?: number; ids?: readonly JobId[] }): Promise<number> {
+    const ids = options?.ids ? options.ids.map((id) => assertJobId(id)) : null;
+    if (ids?.length === 0) return 0;
     let total = 0;
     for (;;) {
       const rows = await this.driver.query<{ deleted: number } & Emptied>(this.sql.purgeDead, [
         queue,
         options?.olderThanMs ?? 0,
         PURGE_BATCH,
+        ids,
       ]);
       const deleted = Number(rows.rows[0]?.deleted ?? 0);
       this.settle(rows.rows[0]?.emptied_groups);
       total += deleted;
       if (deleted < PURGE_BATCH) return total;
     }
+  }
+
+  async listJobs(request: JobListRequest): Promise<JobListPage> {
+    const { queue, state, limit, after } = checkJobListRequest(request);
+    const { name, position } = listStatement(state, after);
+    // One row more than the page: it says whether a next page exists.
+    const result = await this.driver.query<Row>(this.sql[name], [queue, limit + 1, JOB_PREVIEW_CHARS, ...position]);
+    // The last entry a grouped look-up read comes in whatever state it is in (one snapshot).
+    const listed = (row: Row) => row.state === state;
+    const { page, last } = splitJobListRows(
+      result.rows.filter((row) => row.id !== null),
+      limit,
+      (row) => row.scan_end === true,
+      listed,
+    );
+    const jobs = page.filter(listed).map(toJobSummary);
+    const nextCursor = last ? encodeJobListCursor({ queue, state }, positionOf(state, last)) : null;
+    // The look-up ended at its bound and nothing is left after this page: older done jobs of
+    // the queue may exist that no page lists.
+    const scanned = state === 'done' ? Number(result.rows[0]?.scanned ?? 0) : 0;
+    return { jobs, nextCursor, scanLimited: scanned >= DONE_SCAN_LIMIT && nextCursor === null };
+  }
+
+  async recordThroughput(counts: readonly ThroughputCount[]): Promise<void> {
+    const rows = sumThroughputByQueue(counts);
+    if (rows.length === 0) return;
+    await this.run(null, 'recordThroughput', [
+      rows.map((row) => row.queue),
+      rows.map((row) => row.completed),
+      rows.map((row) => row.failed),
+      rows.map((row) => row.dead),
+    ]);
+  }
+
+  async readThroughput(minutes: number): Promise<ThroughputReading> {
+    assertThroughputMinutes(minutes);
+    const rows = await this.driver.query<{
+      now: Date;
+      minute: Date | null;
+      queue: string;
+      completed: number;
+      failed: number;
+      dead: number;
+    }>(this.sql.readThroughput, [minutes]);
+    return {
+      now: rows.rows[0]!.now,
+      buckets: rows.rows.flatMap((row) =>
+        row.minute === null
+          ? []
+          : [{ minute: row.minute, queue: row.queue, completed: row.completed, failed: row.failed, dead: row.dead }],
+      ),
+    };
   }
 
   async listBlockedGroups(queue: string, page: { limit: number; afterKey?: string | null }): Promise<BlockedGroupPage> {
@@ -620,12 +690,14 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
   }
 
   async cleanup(request: CleanupRequest): Promise<number> {
-    return this.countDeleted(this.sql.cleanup, [
+    const jobs = await this.countDeleted(this.sql.cleanup, [
       request.doneRetentionMs,
       request.idempotencyRetentionMs,
       request.deadRetentionMs,
       request.batchSize,
     ]);
+    await this.driver.query(this.sql.cleanupThroughput, [THROUGHPUT_RETENTION_MS, request.batchSize]);
+    return jobs;
   }
 
   private async countDeleted(text: string, params: unknown[]): Promise<number> {
@@ -918,24 +990,90 @@ function toScheduleRow(row: Row): ScheduleRow {
   };
 }
 
-function toJobRecord(row: Row): JobRecord {
+/** What a job record and a listed job share. */
+function jobFields(row: Row): Omit<JobSummary, 'payloadPreview' | 'lastErrorPreview'> {
   return {
     id: row.id as string,
     queue: row.queue as string,
     state: row.state as JobState,
-    payload: row.payload,
     priority: Number(row.priority),
     runAt: row.run_at as Date,
     groupKey: (row.group_key as string | null) ?? null,
     idempotencyKey: (row.idempotency_key as string | null) ?? null,
     attempts: Number(row.attempts),
     maxAttempts: Number(row.max_attempts),
-    claimToken: (row.claim_token as string | null) ?? null,
     leaseUntil: (row.lease_until as Date | null) ?? null,
     workerId: (row.worker_id as string | null) ?? null,
     createdAt: row.created_at as Date,
     claimedAt: (row.claimed_at as Date | null) ?? null,
     finishedAt: (row.finished_at as Date | null) ?? null,
+  };
+}
+
+function toJobRecord(row: Row): JobRecord {
+  return {
+    ...jobFields(row),
+    payload: row.payload,
+    claimToken: (row.claim_token as string | null) ?? null,
     lastError: (row.last_error as string | null) ?? null,
+  };
+}
+
+/** A position no job sorts before, or after: the bounds of a listing's keyset conditions. */
+const FIRST_PRIORITY = 2_147_483_648;
+const PAST_PRIORITY = -2_147_483_649;
+const EARLIEST = '-infinity';
+const LATEST = 'infinity';
+const BIGINT_MAX = '9223372036854775807';
+
+/**
+ * A listing statement and the position parameters it takes after $1..$3 (see the statements in
+ * postgres.queries.ts): the position after `after`, or before every job for a first page. A
+ * position in the grouped part puts the ungrouped one past its end.
+ */
+function listStatement(
+  state: JobState,
+  after: JobListPosition | null,
+): { name: (typeof JOB_LIST_STATEMENTS)[JobState]; position: unknown[] } {
+  const name = JOB_LIST_STATEMENTS[state];
+  const grouped = after?.part === 'grouped';
+  const groupedAfter = grouped ? [after.groupKey, after.id] : ['', '0'];
+  switch (state) {
+    case 'ready':
+      if (grouped) return { name, position: [PAST_PRIORITY, LATEST, BIGINT_MAX, ...groupedAfter] };
+      return {
+        name,
+        position: [after?.priority ?? FIRST_PRIORITY, after?.time ?? EARLIEST, after?.id ?? '0', ...groupedAfter],
+      };
+    case 'delayed':
+      if (grouped) return { name, position: [LATEST, BIGINT_MAX, ...groupedAfter] };
+      return { name, position: [after?.time ?? EARLIEST, after?.id ?? '0', ...groupedAfter] };
+    case 'leased':
+      return { name, position: [after?.time ?? EARLIEST, after?.id ?? '0'] };
+    case 'done':
+      return { name, position: [after?.time ?? LATEST, after?.id ?? BIGINT_MAX, DONE_SCAN_LIMIT] };
+    case 'dead':
+      return { name, position: [after ? (BigInt(after.id) - 1n).toString() : BIGINT_MAX] };
+  }
+}
+
+/** Where a listing stops after `row`: its sort key in its state's order. */
+function positionOf(state: JobState, row: Row): JobListPosition {
+  const groupKey = (row.group_key as string | null) ?? null;
+  const grouped = (state === 'ready' || state === 'delayed') && groupKey !== null;
+  return {
+    part: grouped ? 'grouped' : 'ungrouped',
+    id: row.id as string,
+    priority: state === 'ready' && !grouped ? Number(row.priority) : null,
+    time: state === 'dead' || grouped ? null : (row.cursor_time as string),
+    groupKey: grouped ? groupKey : null,
+  };
+}
+
+function toJobSummary(row: Row): JobSummary {
+  return {
+    ...jobFields(row),
+    payloadPreview: row.payload_preview as string,
+    lastErrorPreview: (row.last_error_preview as string | null) ?? null,
   };
 }
