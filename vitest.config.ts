@@ -12,6 +12,10 @@ export default defineConfig({
         replacement: fileURLToPath(new URL('./lib/src/health.ts', import.meta.url)),
       },
       {
+        find: /^nestjs-sql-queue\/dashboard$/,
+        replacement: fileURLToPath(new URL('./lib/src/dashboard.ts', import.meta.url)),
+      },
+      {
         find: /^nestjs-sql-queue\/prometheus$/,
         replacement: fileURLToPath(new URL('./lib/src/prometheus.ts', import.meta.url)),
       },

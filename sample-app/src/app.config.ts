@@ -26,6 +26,11 @@ export interface SampleConfig {
   metricsCacheMs: number;
   /** Bound of that reading; a slower one is reported as failed (METRICS_TIMEOUT_MS, default 3000). */
   metricsTimeoutMs: number;
+  /**
+   * Password of the queue dashboard at /queues (DASHBOARD_PASSWORD; HTTP Basic, any user name).
+   * Unset: the dashboard refuses every request.
+   */
+  dashboardPassword: string | null;
 }
 
 const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/;
@@ -75,6 +80,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): SampleConfig {
     shutdownTimeoutMs: integer(env, 'SHUTDOWN_TIMEOUT_MS', 10_000, 0, 600_000),
     metricsCacheMs: integer(env, 'METRICS_CACHE_MS', 5_000, 0, 600_000),
     metricsTimeoutMs: integer(env, 'METRICS_TIMEOUT_MS', 3_000, 10, 120_000),
+    dashboardPassword: env.DASHBOARD_PASSWORD || null,
   };
 }
 

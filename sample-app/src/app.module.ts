@@ -3,9 +3,15 @@ import { APP_FILTER } from '@nestjs/core';
 import { ScheduleModule } from '@nestjs/schedule';
 import { TerminusModule } from '@nestjs/terminus';
 import { SqlQueueModule } from 'nestjs-sql-queue';
+import { SqlQueueDashboardModule } from 'nestjs-sql-queue/dashboard';
 import { SqlQueueHealthModule } from 'nestjs-sql-queue/health';
 import { SqlQueuePrometheusModule } from 'nestjs-sql-queue/prometheus';
 import { SAMPLE_CONFIG, type SampleConfig } from './app.config.js';
+import {
+  DASHBOARD_PATH,
+  DashboardAccessNotice,
+  DashboardBasicAuthGuard,
+} from './dashboard/dashboard-basic-auth.guard.js';
 import { openSampleDatabase, SampleDatabase } from './database/sample.database.js';
 import { EmailReceiver } from './emails/email-receiver.service.js';
 import { EmailsController } from './emails/emails.controller.js';
@@ -35,7 +41,7 @@ class SampleCoreModule {
 
 /**
  * The sample application: emails go through the queue, signups commit a row and its welcome
- * email together, health endpoints for Kubernetes, metrics for Prometheus.
+ * email together, health endpoints for Kubernetes, metrics for Prometheus, the queue dashboard.
  */
 @Module({})
 export class AppModule {
@@ -58,9 +64,16 @@ export class AppModule {
         }),
         SqlQueueHealthModule,
         SqlQueuePrometheusModule.forRoot({}),
+        // The queue dashboard, behind a demo HTTP Basic guard (DASHBOARD_PASSWORD).
+        SqlQueueDashboardModule.forRoot({ path: DASHBOARD_PATH, guard: DashboardBasicAuthGuard }),
       ],
       controllers: [EmailsController, SignupsController, QueuesController, HealthController, MetricsController],
-      providers: [EmailReceiver, SendEmailHandler, { provide: APP_FILTER, useClass: SqlQueueValidationFilter }],
+      providers: [
+        EmailReceiver,
+        SendEmailHandler,
+        DashboardAccessNotice,
+        { provide: APP_FILTER, useClass: SqlQueueValidationFilter },
+      ],
     };
   }
 }

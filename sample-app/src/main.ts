@@ -15,7 +15,7 @@ async function bootstrap(): Promise<void> {
   await app.listen(config.port);
   const url = (await app.getUrl()).replace('[::1]', 'localhost');
   new Logger('SampleApp').log(
-    `listening on ${url}: POST /emails, POST /signups, GET /emails/sent, GET /queues/emails/stats, GET /health/live, GET /health/ready, GET /metrics`,
+    `listening on ${url}: POST /emails, POST /signups, GET /emails/sent, GET /queues/emails/stats, GET /health/live, GET /health/ready, GET /metrics, dashboard GET /queues/`,
   );
 }
 

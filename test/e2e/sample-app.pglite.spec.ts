@@ -10,7 +10,7 @@ import { waitFor } from '../helpers/wait-for.js';
 let sample: RunningSampleApp;
 
 beforeAll(async () => {
-  sample = await startSampleApp({ SAMPLE_DATA_DIR: 'memory://', METRICS_CACHE_MS: '0' });
+  sample = await startSampleApp({ SAMPLE_DATA_DIR: 'memory://', METRICS_CACHE_MS: '0', DASHBOARD_PASSWORD: 'pw-1' });
 });
 
 afterAll(async () => {
@@ -44,5 +44,27 @@ describe('sample app on PGlite (no database URL)', () => {
     const metrics = parsePrometheusText(await (await sample.request('/metrics')).text());
     expect(sampleValue(metrics, 'sqlqueue_stats_up')).toBe(1);
     expect(sampleValue(metrics, 'sqlqueue_jobs_completed_total', { queue: 'emails' })).toBe(2);
+  });
+
+  it('serves the queue dashboard at /queues/ behind HTTP Basic with DASHBOARD_PASSWORD', async () => {
+    const basic = (password: string) => ({
+      authorization: `Basic ${Buffer.from(`ops:${password}`).toString('base64')}`,
+    });
+    const anonymous = await sample.request('/queues/api/overview');
+    expect(anonymous.status).toBe(401);
+    expect(anonymous.headers.get('www-authenticate')).toMatch(/^Basic realm="queues"/);
+    expect(await anonymous.text()).not.toContain('"queues"');
+    expect((await sample.request('/queues/', { headers: basic('wrong') })).status).toBe(401);
+
+    const page = await sample.request('/queues/', { headers: basic('pw-1') });
+    expect(page.status).toBe(200);
+    expect(await page.text()).toContain('<base href="/queues/"');
+    const overview = (await (await sample.request('/queues/api/overview', { headers: basic('pw-1') })).json()) as {
+      queues: { queue: string }[];
+    };
+    expect(overview.queues.map((q) => q.queue)).toContain('emails');
+    // The app's own route under the same prefix stays as it was, outside the dashboard's guard.
+    expect((await sample.request('/queues/emails/stats')).status).toBe(200);
+    expect(sample.logger.matching(/queue dashboard at \/queues\/ \(HTTP Basic/)).toHaveLength(1);
   });
 });

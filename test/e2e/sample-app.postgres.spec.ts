@@ -105,6 +105,16 @@ describe('sample app over HTTP (PostgreSQL)', () => {
     expect(await bad.text()).toMatch(/queue name .* is invalid/);
   });
 
+  it('refuses every dashboard request when DASHBOARD_PASSWORD is unset, and said so at boot', async () => {
+    const page = await sample.request('/queues/', {
+      headers: { authorization: `Basic ${Buffer.from('ops:anything').toString('base64')}` },
+    });
+    expect(page.status).toBe(403);
+    expect(await page.text()).toMatch(/set DASHBOARD_PASSWORD/);
+    expect((await sample.request('/queues/api/overview')).status).toBe(403);
+    expect(sample.logger.matching(/queue dashboard at \/queues\/ is disabled: set DASHBOARD_PASSWORD/)).toHaveLength(1);
+  });
+
   it('creates one job and one effect for the same idempotency key posted twice', async () => {
     const key = `order-${Date.now()}`;
     const email = { to: 'cy@example.com', subject: 'Your order' };

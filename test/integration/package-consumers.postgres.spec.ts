@@ -17,6 +17,7 @@ import { dirname, join, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import ts from 'typescript';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import * as dashboardApi from '../../lib/src/dashboard.js';
 import * as healthApi from '../../lib/src/health.js';
 import * as mainApi from '../../lib/src/index.js';
 import * as prometheusApi from '../../lib/src/prometheus.js';
@@ -49,6 +50,7 @@ const ENTRY_POINTS: Record<string, { source: object; optionalPeers: string[] }> 
   '.': { source: mainApi, optionalPeers: [] },
   './health': { source: healthApi, optionalPeers: ['@nestjs/terminus'] },
   './prometheus': { source: prometheusApi, optionalPeers: ['prom-client'] },
+  './dashboard': { source: dashboardApi, optionalPeers: [] },
 };
 const OPTIONAL_PEERS = Object.keys(MANIFEST.peerDependenciesMeta).filter(
   (p) => MANIFEST.peerDependenciesMeta[p]!.optional,
@@ -58,6 +60,7 @@ const INSTALLED_PEERS = [
   '@nestjs/core',
   '@nestjs/schedule',
   '@nestjs/terminus',
+  '@nestjs/platform-express',
   'prom-client',
   'reflect-metadata',
   'rxjs',
@@ -132,7 +135,10 @@ async function report(specifiers, first) {
 }
 `;
 
-/** A CommonJS Nest application, written as plain JavaScript: one job through a pg pool. */
+/**
+ * A CommonJS Nest application, written as plain JavaScript: one job through a pg pool, and the
+ * dashboard's page, script and overview over HTTP (its assets come from the package).
+ */
 const CJS_BOOT = `'use strict';
 require('reflect-metadata');
 const { Injectable, Module } = require('@nestjs/common');
@@ -140,6 +146,7 @@ const { NestFactory } = require('@nestjs/core');
 const { ScheduleModule } = require('@nestjs/schedule');
 const pg = require('pg');
 const { QueueHandler, QueueProducer, SqlQueueModule } = require('${NAME}');
+const { SqlQueueDashboardModule } = require('${NAME}/dashboard');
 
 const [url, schema] = process.argv.slice(2);
 setTimeout(() => {
@@ -160,14 +167,31 @@ QueueHandler('ping')(PingHandler);
 const pool = new pg.Pool({ connectionString: url, max: 4 });
 class AppModule {}
 Module({
-  imports: [ScheduleModule.forRoot(), SqlQueueModule.forRoot({ connection: { pool }, schema })],
+  imports: [
+    ScheduleModule.forRoot(),
+    SqlQueueModule.forRoot({ connection: { pool }, schema }),
+    SqlQueueDashboardModule.forRoot({ guard: 'none', readOnly: true }),
+  ],
   providers: [PingHandler],
 })(AppModule);
 
 (async () => {
-  const app = await NestFactory.createApplicationContext(AppModule, { logger: ['error'] });
+  const app = await NestFactory.create(AppModule, { logger: ['error'] });
+  await app.listen(0, '127.0.0.1');
   await app.get(QueueProducer).enqueue('ping', { from: 'commonjs' });
   const result = await job;
+  const base = 'http://127.0.0.1:' + app.getHttpServer().address().port + '/queues/';
+  const page = await fetch(base);
+  const html = await page.text();
+  const script = await fetch(base + 'assets/dashboard.js');
+  const overview = await (await fetch(base + 'api/overview')).json();
+  result.dashboard = {
+    page: page.status,
+    linksScript: html.includes('assets/dashboard.js'),
+    script: script.status,
+    scriptType: script.headers.get('content-type'),
+    queues: overview.queues.map((queue) => queue.queue),
+  };
   await app.close();
   await pool.end();
   console.log(JSON.stringify(result));
@@ -192,10 +216,12 @@ import {
 } from '${NAME}';
 import { SqlQueueHealthModule } from '${NAME}/health';
 import { SqlQueuePrometheusModule } from '${NAME}/prometheus';
+import { SqlQueueDashboardModule, type SqlQueueDashboardOptions } from '${NAME}/dashboard';
 
 const pool = new pg.Pool({ connectionString: process.env.DATABASE_URL });
 const connection: SqlQueueConnection = { pool };
 const options: SqlQueueModuleOptions = { connection, schema: 'sqlqueue' };
+const dashboard: SqlQueueDashboardOptions = { guard: 'none', path: '/admin/queues', readOnly: true };
 
 interface Ping {
   at: number;
@@ -232,6 +258,7 @@ export class PingService {
     SqlQueueModule.forRoot(options),
     SqlQueueHealthModule,
     SqlQueuePrometheusModule.forRoot({}),
+    SqlQueueDashboardModule.forRoot(dashboard),
   ],
   providers: [PingHandler, PingService],
 })
@@ -321,7 +348,8 @@ describe('the packed package in a CommonJS and an ESM application', () => {
       if (!file.startsWith('dist')) copyFileSync(join(ROOT, file), join(stage, file));
     }
     symlinkSync(join(ROOT, 'node_modules'), join(stage, 'node_modules'), 'dir');
-    mustRun(process.execPath, [TSC, '-p', 'lib/tsconfig.lib.json'], stage);
+    // The build's library half (tsc, then the dashboard's assets beside the output).
+    mustRun('npm', ['run', '--silent', 'build:lib'], stage);
     const packed = JSON.parse(
       mustRun('npm', ['pack', '--json', '--offline', '--no-update-notifier', '--pack-destination', work], stage),
     ) as [{ filename: string }];
@@ -417,7 +445,17 @@ describe('the packed package in a CommonJS and an ESM application', () => {
   it('a CommonJS Nest application runs a job through its pg pool', () => {
     const result = run(process.execPath, ['boot.js', PG_URL, schema], join(apps, 'cjs-app'));
     expect(result, result.stderr).toMatchObject({ status: 0 });
-    expect(JSON.parse(result.stdout)).toEqual({ payload: { from: 'commonjs' }, queue: 'ping' });
+    expect(JSON.parse(result.stdout)).toEqual({
+      payload: { from: 'commonjs' },
+      queue: 'ping',
+      dashboard: {
+        page: 200,
+        linksScript: true,
+        script: 200,
+        scriptType: expect.stringMatching(/^text\/javascript/),
+        queues: ['ping'],
+      },
+    });
   });
 
   it('no module of the package awaits at top level (require() of ESM refuses that)', () => {

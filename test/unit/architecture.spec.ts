@@ -78,6 +78,22 @@ describe('layering: dependency arrows point down only', () => {
     }
   });
 
+  it('dashboard builds on nest and core only: never a store, the broker or a driver', () => {
+    const dashboard = files.filter((x) => x.area === 'dashboard');
+    expect(dashboard.length).toBeGreaterThan(3);
+    for (const f of dashboard) {
+      const allowed = ['lib:core', 'lib:nest', 'lib:dashboard', '@nestjs/common', '@nestjs/core'];
+      const outside = f.targets.filter((t) => !allowed.includes(t) && !t.startsWith('node:'));
+      expect(outside, relative(LIB, f.file)).toEqual([]);
+    }
+  });
+
+  it('only the dashboard entry point imports the dashboard', () => {
+    for (const f of files.filter((x) => x.area !== 'dashboard' && x.area !== 'dashboard.ts')) {
+      expect(f.targets.includes('lib:dashboard'), relative(LIB, f.file)).toBe(false);
+    }
+  });
+
   it('the main entry point does not reach Terminus or prom-client through its imports', () => {
     const byPath = new Map(files.map((f) => [f.file, f]));
     const seen = new Set<string>();

@@ -36,6 +36,12 @@ describe('sample app configuration from the environment', () => {
     expect(sampleMssqlConfig('Server=db,1433;Database=app;User Id=sa;Password=p', 7).pool.max).toBe(7);
   });
 
+  it('reads the dashboard password from DASHBOARD_PASSWORD (none when unset or empty)', () => {
+    expect(loadConfig({}).dashboardPassword).toBeNull();
+    expect(loadConfig({ DASHBOARD_PASSWORD: '' }).dashboardPassword).toBeNull();
+    expect(loadConfig({ DASHBOARD_PASSWORD: 's3cret' }).dashboardPassword).toBe('s3cret');
+  });
+
   it('refuses bad numbers and schema names, naming the variable', () => {
     expect(() => loadConfig({ PORT: 'http' })).toThrow(/PORT/);
     expect(() => loadConfig({ SAMPLE_APP_SCHEMA: 'x; drop' })).toThrow(/SAMPLE_APP_SCHEMA/);
