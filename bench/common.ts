@@ -13,6 +13,7 @@ import { DEFAULT_WAKE_INTERVAL_MS, RemoteWaker, WakeBus } from '../lib/src/core/
 import { createQueueStore } from '../lib/src/store/create-store.js';
 import { mssqlConfigFromUrl } from '../lib/src/store/mssql/mssql.config.js';
 import { mssqlDropSchema } from '../lib/src/store/mssql/mssql.migrations.js';
+import { resolveModuleOptions } from '../lib/src/nest/sql-queue.options.js';
 
 export const PG_URL = process.env.SQLQUEUE_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 
@@ -77,15 +78,30 @@ export async function openStore(target: Target | string, schema: string, poolSiz
   return store;
 }
 
-/** The producer as the module builds it by default: local wake-ups, and NOTIFY where the store has it. */
+/** The module's default `enqueueBatching`, resolved as `SqlQueueModule.forRoot()` resolves it. */
+const DEFAULT_BATCHING = resolveModuleOptions({ connection: { dialect: 'postgres', url: PG_URL } }).enqueueBatching;
+
+/**
+ * The producer as the module builds it by default: single enqueues batched, local wake-ups,
+ * and NOTIFY where the store has it. The variants turn one of them off.
+ */
 export function producerFor(
   store: QueueStore,
   wakeBus = new WakeBus(),
-  { remoteWakeups = true }: { remoteWakeups?: boolean } = {},
+  { remoteWakeups = true, batching = true }: { remoteWakeups?: boolean; batching?: boolean } = {},
 ): QueueProducerCore {
   const remoteWaker =
     remoteWakeups && store.notify ? new RemoteWaker(store, DEFAULT_WAKE_INTERVAL_MS, silentLogger) : null;
-  return new QueueProducerCore(store, { maxPayloadBytes: 1 << 20, maxAttemptsFor: () => 25 }, wakeBus, remoteWaker);
+  return new QueueProducerCore(
+    store,
+    {
+      maxPayloadBytes: 1 << 20,
+      maxAttemptsFor: () => 25,
+      enqueueBatching: { ...DEFAULT_BATCHING, enabled: batching },
+    },
+    wakeBus,
+    remoteWaker,
+  );
 }
 
 /**

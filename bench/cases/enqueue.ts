@@ -13,8 +13,9 @@ import {
 import { RawReference } from '../reference.js';
 
 /**
- * Enqueue throughput: sequential, 16 concurrent producers, bulk batches of 1,000. On
- * PostgreSQL each figure has a raw `pg` reference; on SQL Server only ours is measured.
+ * Enqueue throughput: sequential, 16 concurrent producers (each with and without batching of
+ * single enqueues), bulk batches of 1,000. On PostgreSQL each figure has a raw `pg` reference;
+ * on SQL Server only ours is measured.
  */
 export async function enqueueCase(target: Target, scale: number): Promise<Result[]> {
   const schema = schemaName('enqueue');
@@ -31,32 +32,44 @@ export async function enqueueCase(target: Target, scale: number): Promise<Result
         // Queue names sort as the reference's do ('raw' < 'raw-bulk'): each bulk batch then lands
         // at the right end of the claim index on both sides. Before, ours went into the middle
         // ('bulk' < 'conc'), which alone cost it about 30% of the bulk figure.
-        const sequential = Math.round(2_000 * scale);
-        const seq = await alternate(
-          raw && ((n) => raw.singleInserts(n, 1)),
-          async (n) => {
-            const started = performance.now();
-            for (let i = 0; i < n; i++) await producer.enqueue('single', payload(i));
-            return perSecond(n, performance.now() - started);
-          },
-          sequential,
-        );
-        results.push({
-          case: 'enqueue',
-          variant: `sequential (1 producer)${label}`,
-          value: seq.ours,
-          unit: 'jobs/s',
-          ...(seq.reference ? { reference: { name: 'raw single INSERT, 1 client', value: seq.reference } } : {}),
-        });
 
-        // The library's default (NOTIFY wake-ups for other processes) and, on PostgreSQL, the same
-        // producer without them, to show what waking other processes costs.
-        const producers = store.notify
-          ? [
-              { producer, label: '' },
-              { producer: producerFor(store, undefined, { remoteWakeups: false }), label: ', wake-ups off' },
-            ]
-          : [{ producer, label: '' }];
+        // The library's default (single enqueues batched) and the same producer without batching:
+        // a lone call must not pay for the batching, and concurrent ones should gain from it.
+        // Batching off goes first: right after the batched variant's fast inserts (autovacuum of
+        // the jobs table, likely), the unbatched 16 producers measured 74% of the raw inserts
+        // instead of 81%.
+        const unbatched = producerFor(store, undefined, { batching: false });
+        for (const variant of [
+          { producer: unbatched, label: ', batching off' },
+          { producer, label: '' },
+        ]) {
+          const seq = await alternate(
+            raw && ((n) => raw.singleInserts(n, 1)),
+            async (n) => {
+              const started = performance.now();
+              for (let i = 0; i < n; i++) await variant.producer.enqueue('single', payload(i));
+              return perSecond(n, performance.now() - started);
+            },
+            Math.round(2_000 * scale),
+          );
+          results.push({
+            case: 'enqueue',
+            variant: `sequential (1 producer)${variant.label}${label}`,
+            value: seq.ours,
+            unit: 'jobs/s',
+            ...(seq.reference ? { reference: { name: 'raw single INSERT, 1 client', value: seq.reference } } : {}),
+          });
+        }
+
+        // Without batching, the library's default (batched, NOTIFY wake-ups for other processes)
+        // and, on PostgreSQL, without the wake-ups, to show what each one changes.
+        const producers = [
+          { producer: unbatched, label: ', batching off' },
+          { producer, label: '' },
+          ...(store.notify
+            ? [{ producer: producerFor(store, undefined, { remoteWakeups: false }), label: ', wake-ups off' }]
+            : []),
+        ];
         for (const variant of producers) {
           const concurrent = await alternate(
             raw && ((n) => raw.singleInserts(n, 16)),
@@ -75,7 +88,7 @@ export async function enqueueCase(target: Target, scale: number): Promise<Result
             ...(concurrent.reference
               ? { reference: { name: 'raw single INSERT, 16 clients', value: concurrent.reference } }
               : {}),
-            ...(variant.label ? {} : { target: '>= 90% of reference' }),
+            ...(variant.label ? {} : { target: '>= 150% of reference' }),
           });
         }
 

@@ -1,10 +1,17 @@
 import { fork } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import { silentLogger } from '../../lib/src/core/logger.js';
-import { QueueProducerCore } from '../../lib/src/core/producer.js';
-import { DEFAULT_WAKE_INTERVAL_MS, RemoteWaker, WakeBus } from '../../lib/src/core/wake.js';
+import { WakeBus } from '../../lib/src/core/wake.js';
 import type { QueueOptions } from '../../lib/src/core/options.js';
-import { bounded, consumerFor, dropSchema, openStore, percentile, schemaName, type Result } from '../common.js';
+import {
+  bounded,
+  consumerFor,
+  dropSchema,
+  openStore,
+  percentile,
+  producerFor,
+  schemaName,
+  type Result,
+} from '../common.js';
 
 const RATE_PER_SECOND = 200;
 
@@ -69,7 +76,8 @@ async function inProcess(url: string, seconds: number, profile: (typeof PROFILES
   const schema = schemaName('latency');
   const store = await openStore(url, schema, 10);
   const wakeBus = new WakeBus();
-  const producer = new QueueProducerCore(store, { maxPayloadBytes: 1 << 20, maxAttemptsFor: () => 25 }, wakeBus, null);
+  // The module's producer (batching on); the consumer is in this process, so no NOTIFY.
+  const producer = producerFor(store, wakeBus, { remoteWakeups: false });
   const latencies: number[] = [];
   const consumer = consumerFor(
     store,
@@ -112,12 +120,7 @@ async function waitUntil(condition: () => boolean): Promise<void> {
 async function crossProcess(url: string, seconds: number, profile: (typeof PROFILES)[number]): Promise<Result[]> {
   const schema = schemaName('xlatency');
   const store = await openStore(url, schema, 10);
-  const producer = new QueueProducerCore(
-    store,
-    { maxPayloadBytes: 1 << 20, maxAttemptsFor: () => 25 },
-    new WakeBus(),
-    new RemoteWaker(store, DEFAULT_WAKE_INTERVAL_MS, silentLogger),
-  );
+  const producer = producerFor(store);
   const script = fileURLToPath(new URL('../latency-consumer.js', import.meta.url));
   const child = fork(script, [JSON.stringify({ url, schema, queue: 'latency', options: profile.options })], {
     stdio: 'inherit',

@@ -92,4 +92,5 @@ export {
   SqlQueueUnrecoverableError,
   SqlQueueSchemaError,
   SqlQueueTransactionError,
+  SqlQueueClosedError,
 } from './core/errors.js';

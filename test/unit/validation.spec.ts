@@ -262,5 +262,10 @@ describe('options fail at boot with the place and the rule', () => {
     expect(() => resolveModuleOptions({ connection: {} as never, throughput: { interval: 10 } as never })).toThrow(
       /unknown option 'interval'/,
     );
+    const defaults = resolveModuleOptions({ connection: {} as never });
+    expect(defaults.enqueueBatching).toEqual({ enabled: true, maxBatchSize: 500, maxInFlight: 2, windowUs: 0 });
+    expect(() => resolveModuleOptions({ connection: {} as never, enqueueBatching: { windowUs: 5_000 } })).toThrow(
+      /enqueueBatching\.windowUs/,
+    );
   });
 });

@@ -59,3 +59,6 @@ export class SqlQueueSchemaError extends SqlQueueError {}
 
 /** The claim was attempted inside an open transaction, where its locking contract does not hold. */
 export class SqlQueueTransactionError extends SqlQueueError {}
+
+/** The producer was closed (the application shut down): nothing more is enqueued through it. */
+export class SqlQueueClosedError extends SqlQueueError {}

@@ -1,3 +1,4 @@
+import { EnqueueBatcher, type EnqueueBatchingSettings } from './enqueue-batcher.js';
 import { SqlQueueValidationError } from './errors.js';
 import type { QueueStore } from './queue-store.js';
 import type {
@@ -40,6 +41,8 @@ export interface ProducerSettings {
   maxPayloadBytes: number;
   /** Max attempts for jobs of a queue when the enqueue call does not say. */
   maxAttemptsFor(queue: string): number;
+  /** Concurrent single enqueues outside a caller's transaction share statements (off when absent). */
+  enqueueBatching?: EnqueueBatchingSettings & { enabled: boolean };
 }
 
 const CALL_OPTION_KEYS: readonly string[] = [...ENQUEUE_OPTION_KEYS, 'transaction'];
@@ -53,15 +56,21 @@ const BIGINT_MAX = 9_223_372_036_854_775_807n;
 
 /**
  * The framework-free producer: validates everything before any SQL runs, enqueues in one
- * round trip per call, and wakes readers (here at once, elsewhere through the store).
+ * round trip per call (single enqueues outside a transaction share it with concurrent ones),
+ * and wakes readers (here at once, elsewhere through the store).
  */
 export class QueueProducerCore {
+  private readonly batcher: EnqueueBatcher | null;
+
   constructor(
     private readonly store: QueueStore,
     private readonly settings: ProducerSettings,
     private readonly wakeBus: WakeBus,
     private readonly remoteWaker: RemoteWaker | null,
-  ) {}
+  ) {
+    const batching = settings.enqueueBatching;
+    this.batcher = batching?.enabled ? new EnqueueBatcher(store, batching, (queue) => this.wake(queue)) : null;
+  }
 
   async enqueue<T>(queue: string, payload: T, options: EnqueueCallOptions = {}): Promise<EnqueueResult> {
     const { transaction, ...jobOptions } = assertOptionGroup(
@@ -71,6 +80,8 @@ export class QueueProducerCore {
       SqlQueueValidationError,
     );
     const job = this.prepare(queue, payload, jobOptions);
+    // A caller's transaction is its own connection and commit: never shared with other calls.
+    if (transaction === undefined && this.batcher) return this.batcher.enqueue(job);
     const [result] = await this.store.enqueue([job], transaction);
     // Inside the caller's transaction the job is invisible until the caller commits: a wake-up
     // now would only cost every reader an empty claim. The caller wakes after commit (wake()).
@@ -118,6 +129,14 @@ export class QueueProducerCore {
     }
     if (transaction === undefined && results.some((r) => r.created)) this.wake(queue);
     return results;
+  }
+
+  /**
+   * Sends the single enqueues still waiting for a statement, for at most `timeoutMs`, and
+   * refuses later ones (they fail with SqlQueueClosedError). Called before the store closes.
+   */
+  async close(timeoutMs: number): Promise<void> {
+    await this.batcher?.close(timeoutMs);
   }
 
   /** Nudges readers of a queue, here and in other processes (e.g. after committing a transaction). */

@@ -25,6 +25,7 @@ import {
 } from '../core/validation.js';
 import { DEFAULT_WAKE_INTERVAL_MS } from '../core/wake.js';
 import { DEFAULT_THROUGHPUT_FLUSH_MS } from '../core/throughput/index.js';
+import { ENQUEUE_CHUNK } from '../core/producer.js';
 import type { SqlQueueConnection } from '../store/create-store.js';
 import { resolveBrokerOptions } from '../broker/broker.options.js';
 import type { BrokerOptions, ResolvedBrokerOptions } from '../broker/broker.types.js';
@@ -79,6 +80,13 @@ export interface SqlQueueModuleOptions {
    * throughput chart. An increment per job, one statement per flush, none while idle (default on).
    */
   throughput?: { enabled?: boolean; flushIntervalMs?: number };
+  /**
+   * Concurrent single enqueues outside a caller's transaction share one statement and one commit
+   * (default on): a lone enqueue goes out at once; calls made while a batch is in flight (or in
+   * the same event-loop turn, or within `windowUs` microseconds) go out together as the next one,
+   * each caller getting its own result or error.
+   */
+  enqueueBatching?: { enabled?: boolean; maxBatchSize?: number; maxInFlight?: number; windowUs?: number };
 }
 
 export interface ResolvedModuleOptions {
@@ -99,6 +107,7 @@ export interface ResolvedModuleOptions {
   pruneSchedules: boolean;
   scheduler: { enabled: boolean; maxPollMs: number };
   throughput: { enabled: boolean; flushIntervalMs: number };
+  enqueueBatching: { enabled: boolean; maxBatchSize: number; maxInFlight: number; windowUs: number };
 }
 
 const KNOWN: readonly (keyof SqlQueueModuleOptions)[] = [
@@ -118,6 +127,7 @@ const KNOWN: readonly (keyof SqlQueueModuleOptions)[] = [
   'pruneSchedules',
   'scheduler',
   'throughput',
+  'enqueueBatching',
 ];
 
 /** Checks every module option at boot, with messages that name the option and the fix. */
@@ -148,6 +158,12 @@ export function resolveModuleOptions(raw: SqlQueueModuleOptions): ResolvedModule
   const scheduler = assertOptionGroup('scheduler', raw.scheduler, ['enabled', 'maxPollMs']);
   const consumer = resolveConsumerOptions(raw.consumer);
   const throughput = assertOptionGroup('throughput', raw.throughput, ['enabled', 'flushIntervalMs']);
+  const batching = assertOptionGroup('enqueueBatching', raw.enqueueBatching, [
+    'enabled',
+    'maxBatchSize',
+    'maxInFlight',
+    'windowUs',
+  ]);
   return {
     connection: raw.connection,
     schema,
@@ -178,6 +194,12 @@ export function resolveModuleOptions(raw: SqlQueueModuleOptions): ResolvedModule
         100,
         60_000,
       ),
+    },
+    enqueueBatching: {
+      enabled: assertBoolean('enqueueBatching.enabled', batching.enabled ?? true),
+      maxBatchSize: assertInteger('enqueueBatching.maxBatchSize', batching.maxBatchSize ?? 500, 1, ENQUEUE_CHUNK),
+      maxInFlight: assertInteger('enqueueBatching.maxInFlight', batching.maxInFlight ?? 2, 1, 64),
+      windowUs: assertInteger('enqueueBatching.windowUs', batching.windowUs ?? 0, 0, 1_000),
     },
   };
 }

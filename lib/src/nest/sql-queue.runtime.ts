@@ -21,6 +21,8 @@ import { scheduleUpsertOf } from '../core/schedules/schedule-options.js';
 
 const STORE_CLOSE_TIMEOUT_MS = 5_000;
 const THROUGHPUT_FLUSH_TIMEOUT_MS = 2_000;
+/** Single enqueues waiting to share a statement get this long at shutdown to be sent. */
+const ENQUEUE_FLUSH_TIMEOUT_MS = 5_000;
 
 /**
  * Everything one SqlQueueModule owns at run time. Built by an async provider, so a bad
@@ -61,7 +63,11 @@ export class SqlQueueRuntime {
         : null;
     this.producer = new QueueProducerCore(
       store,
-      { maxPayloadBytes: options.maxPayloadBytes, maxAttemptsFor: (queue) => this.defaultMaxAttempts(queue) },
+      {
+        maxPayloadBytes: options.maxPayloadBytes,
+        maxAttemptsFor: (queue) => this.defaultMaxAttempts(queue),
+        enqueueBatching: options.enqueueBatching,
+      },
       this.wakeBus,
       this.remoteWaker,
     );
@@ -133,6 +139,8 @@ export class SqlQueueRuntime {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    // First, while the store and the wake-ups still work: enqueues already accepted are stored.
+    await this.producer.close(ENQUEUE_FLUSH_TIMEOUT_MS);
     this.remoteWaker?.close();
     await this.throughput?.stop(THROUGHPUT_FLUSH_TIMEOUT_MS);
     await this.broker?.close().catch((error: unknown) => {

@@ -23,6 +23,8 @@ const TRANSIENT_MESSAGES = [
   'the database system is starting up',
   'the database system is shutting down',
   'terminating connection',
+  // node-postgres's own query_timeout: the statement's outcome is unknown, as after a lost connection.
+  'Query read timeout',
 ];
 
 export function isTransientPgError(error: unknown): boolean {
