@@ -34,6 +34,38 @@ async function payloadOf(jobId: string): Promise<unknown> {
 }
 
 describe('single enqueues batched on PostgreSQL', () => {
+  it('a keyed batch whose key look-up fails stores nothing, so sending its jobs again stores each once', async () => {
+    const { producer } = batchedProducer();
+    await producer.enqueue('lookup', { first: true }, { idempotencyKey: 'taken' });
+    // The batch's insert conflicts on 'taken'; the look-up that follows fails as the server would
+    // (a statement timeout). Were the insert committed alone, the retry would store its jobs twice.
+    const store = db.store as unknown as { run(client: unknown, name: string, params: unknown[]): Promise<unknown[]> };
+    const run = store.run.bind(store);
+    let failed = false;
+    vi.spyOn(store, 'run').mockImplementation(async (client, name, params) => {
+      if (name === 'findByIdempotencyKeys' && !failed) {
+        failed = true;
+        throw Object.assign(new Error('canceling statement due to statement timeout'), {
+          severity: 'ERROR',
+          code: '57014',
+        });
+      }
+      return run(client, name, params);
+    });
+    const results = await Promise.all([
+      producer.enqueue('lookup', { a: 1 }),
+      producer.enqueue('lookup', { again: true }, { idempotencyKey: 'taken' }),
+      producer.enqueue('lookup', { b: 2 }),
+    ]);
+    expect(failed).toBe(true);
+    expect(results.map((r) => r.created)).toEqual([true, false, true]);
+    const [{ count }] = await sql<{ count: string }>(
+      PG_URL,
+      `SELECT count(*) AS count FROM "${db.schema}".jobs WHERE queue = 'lookup'`,
+    );
+    expect(Number(count)).toBe(3);
+  });
+
   it('callers of one idempotency key, interleaved with others, get one job, created for exactly one; each caller gets its own result', async () => {
     const { producer, statements } = batchedProducer();
     // 60 calls in one turn: every third one carries one of four keys, five callers per key.

@@ -17,6 +17,10 @@ function job(queue: string, n: number, idempotencyKey?: string): NewJob {
   return prepareJob(queue, { n }, idempotencyKey === undefined ? {} : { idempotencyKey }, LIMITS);
 }
 
+function groupJob(queue: string, n: number, groupKey: string): NewJob {
+  return prepareJob(queue, { n }, { groupKey }, LIMITS);
+}
+
 class Transient extends Error {}
 
 /**
@@ -60,7 +64,9 @@ function heldStore() {
       });
       return result.promise;
     },
-    isTransientError: (error: unknown) => error instanceof Transient,
+    // What the database answered with an error is a refusal; a Transient stands for a lost
+    // connection or a client-side timeout, whose statement may have committed.
+    isRefusal: (error: unknown) => !(error instanceof Transient),
   };
   return {
     store,
@@ -210,7 +216,74 @@ describe('EnqueueBatcher', () => {
     expect(woken).toEqual(['q']);
   });
 
-  it('a transient failure reaches every caller of the statement, never retried (the statement may have committed)', async () => {
+  it('jobs of one ordered group retried after a refusal go one after another, keeping their order', async () => {
+    const db = heldStore();
+    const { batcher: b } = batcher(db);
+    const outcomes = track([
+      b.enqueue(groupJob('q', 1, 'order-7')),
+      b.enqueue(job('q', -1)),
+      b.enqueue(groupJob('q', 2, 'order-7')),
+      b.enqueue(job('q', 3)),
+    ]);
+    await settle();
+    await db.answerAll();
+    // The group's second job waits for its first: answered in any order, ids could not swap.
+    expect(db.statements.map((s) => JSON.parse(s.jobs[0]!.payload).n)).toEqual([1, -1, 3]);
+    db.statements.splice(1).forEach((statement) => statement.answer());
+    await settle();
+    expect(db.sizes()).toEqual([1]);
+    await db.answerAll();
+    expect(db.statements.map((s) => JSON.parse(s.jobs[0]!.payload).n)).toEqual([2]);
+    await db.answerAll();
+    expect(outcomes[1]).toBeInstanceOf(Error);
+    const [first, , second] = outcomes as EnqueueResult[];
+    expect(Number(first!.jobId)).toBeLessThan(Number(second!.jobId));
+  });
+
+  it('a wake-up that throws leaves every caller with its result', async () => {
+    const db = heldStore();
+    const b = new EnqueueBatcher(
+      db.store,
+      SETTINGS,
+      () => {
+        throw new Error('a reader crashed');
+      },
+      fakeTimers(new FakeClock()),
+    );
+    const outcomes = track([b.enqueue(job('q', 1)), b.enqueue(job('q', 2))]);
+    await settle();
+    await db.answerAll();
+    // Stored jobs reported as errors would be retried by their callers into duplicates.
+    expect(outcomes).toEqual([
+      { jobId: '1', created: true },
+      { jobId: '2', created: true },
+    ]);
+    const alone = track([b.enqueue(job('q', 3)), b.enqueue(job('q', -1))]);
+    await settle();
+    await db.answerAll();
+    await db.answerAll();
+    expect(alone[0]).toEqual({ jobId: '3', created: true });
+    expect((alone[1] as Error).message).toContain('no_poison');
+  });
+
+  it('settles every caller even when judging a failure goes wrong', async () => {
+    const db = heldStore();
+    const broken = new Error('isRefusal crashed');
+    const store = {
+      ...db.store,
+      isRefusal: () => {
+        throw broken;
+      },
+    };
+    const b = new EnqueueBatcher(store, SETTINGS, () => {}, fakeTimers(new FakeClock()));
+    db.failNextWith(new Error('refused'));
+    const outcomes = track([b.enqueue(job('q', 1)), b.enqueue(job('q', 2))]);
+    await settle();
+    await db.answerAll();
+    expect(outcomes).toEqual([broken, broken]);
+  });
+
+  it('a failure of unknown outcome reaches every caller of the statement, never resent (the statement may have committed)', async () => {
     const db = heldStore();
     const { batcher: b, woken } = batcher(db);
     const lost = new Transient('Connection terminated unexpectedly');
@@ -268,6 +341,34 @@ describe('EnqueueBatcher', () => {
     await expect(late).rejects.toThrow(
       "enqueue to 'q' refused: the queue module was closed by the application's shutdown; enqueue before it closes",
     );
+  });
+
+  it('close returns at once when an open window is all a queue has left', async () => {
+    const db = heldStore();
+    const clock = new FakeClock();
+    const { batcher: b } = batcher(db, { maxBatchSize: 2, maxInFlight: 2, windowUs: 500 }, clock);
+    // The first call opens a window; the second fills the statement, which goes out at once.
+    const outcomes = track([b.enqueue(job('q', 1)), b.enqueue(job('q', 2))]);
+    expect(db.sizes()).toEqual([2]);
+    await db.answerAll();
+    expect(outcomes.every((o) => (o as EnqueueResult).created)).toBe(true);
+    let closed = false;
+    void b.close(5_000).then(() => (closed = true));
+    await settle();
+    expect(closed).toBe(true);
+  });
+
+  it('a second close waits for the first one to finish sending', async () => {
+    const db = heldStore();
+    const { batcher: b } = batcher(db);
+    track([b.enqueue(job('q', 1))]);
+    const done: string[] = [];
+    void b.close(5_000).then(() => done.push('first'));
+    void b.close(5_000).then(() => done.push('second'));
+    await settle();
+    expect(done).toEqual([]);
+    await db.answerAll();
+    expect(done).toEqual(['first', 'second']);
   });
 
   it('close sends everything waiting, maxInFlight statements at a time, and returns once all answered', async () => {

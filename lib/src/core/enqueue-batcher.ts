@@ -83,10 +83,11 @@ interface Lane {
 export class EnqueueBatcher {
   private readonly lanes = new Map<string, Lane>();
   private closed = false;
+  private closing: Promise<void> | null = null;
   private onIdle: (() => void) | null = null;
 
   constructor(
-    private readonly store: Pick<QueueStore, 'enqueue' | 'isTransientError'>,
+    private readonly store: Pick<QueueStore, 'enqueue' | 'isRefusal'>,
     private readonly settings: EnqueueBatchingSettings,
     /** Wakes a queue's readers after a statement created jobs in it. */
     private readonly wake: (queue: string) => void,
@@ -121,8 +122,12 @@ export class EnqueueBatcher {
    * Calls still unsent then fail (their jobs were not stored); statements in flight finish or
    * fail on their own.
    */
-  async close(timeoutMs: number): Promise<void> {
-    if (this.closed) return;
+  close(timeoutMs: number): Promise<void> {
+    // A second close waits for the first one's flush rather than returning before it.
+    return (this.closing ??= this.flush(timeoutMs));
+  }
+
+  private async flush(timeoutMs: number): Promise<void> {
     this.closed = true;
     if (this.lanes.size === 0) return;
     let cancelTimeout = () => {};
@@ -137,6 +142,8 @@ export class EnqueueBatcher {
         lane.scheduled = false;
       }
       this.send(lane);
+      // A lane whose window was all that kept it (its calls already sent and answered).
+      this.dropIfIdle(lane);
     }
     const drained = await idle;
     cancelTimeout();
@@ -171,10 +178,15 @@ export class EnqueueBatcher {
     while (lane.inFlight < this.settings.maxInFlight && lane.waiting.length > 0) {
       const calls = lane.waiting.splice(0, this.settings.maxBatchSize);
       lane.inFlight++;
-      void this.run(lane.queue, calls).finally(() => {
-        lane.inFlight--;
-        this.afterStatement(lane);
-      });
+      void this.run(lane.queue, calls)
+        // Whatever goes wrong, every caller is settled (settling one twice is a no-op).
+        .catch((error: unknown) => {
+          for (const call of calls) call.reject(error);
+        })
+        .finally(() => {
+          lane.inFlight--;
+          this.afterStatement(lane);
+        });
     }
   }
 
@@ -197,24 +209,54 @@ export class EnqueueBatcher {
     try {
       results = await this.store.enqueue(calls.map((call) => call.job));
     } catch (error) {
-      if (calls.length === 1 || this.store.isTransientError(error)) {
+      // Sent again job by job only when the database refused the statement (it stored nothing):
+      // after an unknown outcome (connection lost, client-side timeout) it may have committed.
+      if (calls.length === 1 || !this.store.isRefusal(error)) {
         for (const call of calls) call.reject(error);
         return;
       }
       await this.runAlone(queue, calls);
       return;
     }
-    if (results.some((result) => result.created)) this.wake(queue);
     calls.forEach((call, index) => call.resolve(results[index]!));
+    if (results.some((result) => result.created)) this.wakeReaders(queue);
   }
 
-  /** After a refused statement: each job in its own statement, concurrently as unbatched calls would. */
+  /**
+   * After a refused statement: each job in its own statement, concurrently as unbatched calls
+   * would, except that the jobs of one ordered group go one after another, so their ids keep
+   * the order the batch would have given them.
+   */
   private async runAlone(queue: string, calls: Call[]): Promise<void> {
-    const outcomes = await Promise.allSettled(calls.map((call) => this.store.enqueue([call.job])));
-    if (outcomes.some((outcome) => outcome.status === 'fulfilled' && outcome.value[0]!.created)) this.wake(queue);
+    const groupTails = new Map<string, Promise<EnqueueResult[]>>();
+    const outcomes = await Promise.allSettled(
+      calls.map((call) => {
+        const alone = async () => this.store.enqueue([call.job]);
+        const group = call.job.groupKey;
+        const before = group === null ? undefined : groupTails.get(group);
+        const attempt = before ? before.then(alone, alone) : alone();
+        if (group !== null) groupTails.set(group, attempt);
+        return attempt;
+      }),
+    );
     outcomes.forEach((outcome, index) => {
       if (outcome.status === 'fulfilled') calls[index]!.resolve(outcome.value[0]!);
       else calls[index]!.reject(outcome.reason);
     });
+    if (outcomes.some((outcome) => outcome.status === 'fulfilled' && outcome.value[0]!.created)) {
+      this.wakeReaders(queue);
+    }
+  }
+
+  /**
+   * A wake-up is a hint (readers also poll): one that throws must not turn stored jobs into
+   * errors, which their callers would retry into duplicates.
+   */
+  private wakeReaders(queue: string): void {
+    try {
+      this.wake(queue);
+    } catch {
+      // The jobs are stored; readers find them at their next poll.
+    }
   }
 }

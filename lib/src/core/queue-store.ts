@@ -169,6 +169,14 @@ export interface QueueStore extends ScheduleStore {
   /** True when an error is worth retrying after a pause (connection loss, deadlock, lock timeout). */
   isTransientError(error: unknown): boolean;
 
+  /**
+   * True when the database answered the statement with an error, so it stored nothing (the
+   * store's statements are atomic): a constraint, a deadlock victim, a server-side timeout. False
+   * when the outcome is unknown (connection lost, client-side timeout): the statement may have
+   * committed, and sending it again could store a job twice.
+   */
+  isRefusal(error: unknown): boolean;
+
   /** Closes what the store opened itself; a pool passed in by the application stays open. */
   close(): Promise<void>;
 }

@@ -57,6 +57,25 @@ export function isLockConflict(error: unknown): boolean {
   return number !== undefined && LOCK_CONFLICTS.has(number);
 }
 
+/** Errors the server reports when the connection or the service fails: the outcome is unknown. */
+const CONNECTION_NUMBERS = new Set([
+  4060, 40197, 40501, 40613, 49918, 49919, 49920, 10928, 10929, 233, 10053, 10054, 10060, 64,
+]);
+
+/**
+ * An error the server raised while running the batch (a positive error number below severity
+ * 20, which would end the connection): the store's batches are atomic (XACT_ABORT ON in their
+ * own transaction), so it stored nothing. mssql gives client-side failures (timeouts, a closed
+ * connection) a string code instead of a number: their outcome is unknown.
+ */
+export function isMssqlRefusal(error: unknown): boolean {
+  const number = errorNumber(error);
+  if (number === undefined || number <= 0 || CONNECTION_NUMBERS.has(number)) return false;
+  const candidate = error as { class?: unknown; originalError?: { info?: { class?: unknown } } };
+  const severity = candidate.class ?? candidate.originalError?.info?.class;
+  return typeof severity !== 'number' || severity < 20;
+}
+
 export function isTransientMssqlError(error: unknown): boolean {
   const number = errorNumber(error);
   if (number !== undefined && TRANSIENT_NUMBERS.has(number)) return true;

@@ -52,7 +52,7 @@ import type {
 } from '../../core/schedules/schedule.types.js';
 import { assertSchemaName, INT_MAX, settingsByQueue } from '../../core/validation.js';
 import { withTimeout } from '../../core/timeout.js';
-import { errorNumber, isLockConflict, isTransientMssqlError } from './mssql.errors.js';
+import { errorNumber, isLockConflict, isMssqlRefusal, isTransientMssqlError } from './mssql.errors.js';
 import { assertMssqlSchemaName } from './mssql.identifiers.js';
 import {
   MSSQL_LATEST_VERSION,
@@ -775,6 +775,10 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
 
   isTransientError(error: unknown): boolean {
     return isTransientMssqlError(error);
+  }
+
+  isRefusal(error: unknown): boolean {
+    return isMssqlRefusal(error);
   }
 
   async close(): Promise<void> {

@@ -27,6 +27,18 @@ const TRANSIENT_MESSAGES = [
   'Query read timeout',
 ];
 
+/**
+ * An error the server sent (an ErrorResponse: severity and SQLSTATE): the statement failed on the
+ * server, and in autocommit or in the store's own transaction it was rolled back. Errors of the
+ * client or the socket (connection lost, node-postgres's query_timeout) carry no severity: their
+ * statement's outcome is unknown.
+ */
+export function isPgRefusal(error: unknown): boolean {
+  if (!error || typeof error !== 'object') return false;
+  const { severity, code } = error as { severity?: unknown; code?: unknown };
+  return typeof severity === 'string' && typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code);
+}
+
 export function isTransientPgError(error: unknown): boolean {
   if (!error || typeof error !== 'object') return false;
   const { code, message } = error as { code?: unknown; message?: unknown };

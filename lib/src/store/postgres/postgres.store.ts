@@ -53,7 +53,7 @@ import type {
 import { assertSchemaName, settingsByQueue } from '../../core/validation.js';
 import { settleWithin, withTimeout } from '../../core/timeout.js';
 import { asCallerTransaction, type PgDriver, type PgQueryable } from './postgres.driver.js';
-import { isTransientPgError } from './postgres.errors.js';
+import { isPgRefusal, isTransientPgError } from './postgres.errors.js';
 import { PG_LATEST_VERSION, PG_MIGRATIONS, pgBootstrap, pgMigrationLockKey } from './postgres.migrations.js';
 import { pgQueries, type PgQueries } from './postgres.queries.js';
 
@@ -163,15 +163,21 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
 
   /** The enqueue path, on a transaction's client (the caller's or ours), or autocommit with null. */
   private async enqueueOn(jobs: readonly NewJob[], client: PgQueryable | null): Promise<EnqueueResult[]> {
-    if (!jobs.some((job) => job.groupKey !== null)) return this.insertJobs(jobs, client);
+    const grouped = jobs.some((job) => job.groupKey !== null);
+    // Several jobs with keys take more than one statement (the insert, then a look-up of the keys
+    // that conflicted): in autocommit the insert would commit alone, and a failed look-up would
+    // leave stored jobs behind an error (a caller, or the batcher, sending them again would store
+    // them twice). So they run in one transaction, as grouped jobs do for their group's state.
+    const keyedBatch = jobs.length > 1 && jobs.some((job) => job.idempotencyKey !== null);
+    if (!grouped && (client !== null || !keyedBatch)) return this.insertJobs(jobs, client);
     // A grouped job and its group's state commit together: in the caller's transaction, or in one
     // of ours (a job committed without its group state would wait for the repair sweep).
-    const insertAndTouch = async (tx: PgQueryable) => {
+    const work = async (tx: PgQueryable) => {
       const results = await this.insertJobs(jobs, tx);
-      await this.touchGroups(tx, groupHeads(jobs, results));
+      if (grouped) await this.touchGroups(tx, groupHeads(jobs, results));
       return results;
     };
-    return client ? insertAndTouch(client) : this.driver.transaction(insertAndTouch);
+    return client ? work(client) : this.driver.transaction(work);
   }
 
   private async insertJobs(jobs: readonly NewJob[], client: PgQueryable | null): Promise<EnqueueResult[]> {
@@ -807,6 +813,10 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
 
   isTransientError(error: unknown): boolean {
     return isTransientPgError(error);
+  }
+
+  isRefusal(error: unknown): boolean {
+    return isPgRefusal(error);
   }
 
   async close(): Promise<void> {
