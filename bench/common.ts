@@ -14,6 +14,8 @@ import { createQueueStore } from '../lib/src/store/create-store.js';
 import { mssqlConfigFromUrl } from '../lib/src/store/mssql/mssql.config.js';
 import { mssqlDropSchema } from '../lib/src/store/mssql/mssql.migrations.js';
 import { resolveModuleOptions } from '../lib/src/nest/sql-queue.options.js';
+import { NO_TRACING, type QueueTracer } from '../lib/src/core/tracing.js';
+import { OtelQueueTracer } from '../lib/src/tracing/otel.tracer.js';
 
 export const PG_URL = process.env.SQLQUEUE_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 
@@ -78,6 +80,20 @@ export async function openStore(target: Target | string, schema: string, poolSiz
   return store;
 }
 
+/**
+ * The module's default tracing with `@opentelemetry/api` installed and no SDK registered (what
+ * an application that does not trace gets); SQLQUEUE_BENCH_TRACING=off measures without it.
+ */
+export const BENCH_TRACER: QueueTracer =
+  process.env.SQLQUEUE_BENCH_TRACING === 'off'
+    ? NO_TRACING
+    : new OtelQueueTracer({
+        consumerSpan: 'child',
+        claimSpans: false,
+        reaperSpans: false,
+        clientId: `bench:${process.pid}`,
+      });
+
 /** The module's default `enqueueBatching`, resolved as `SqlQueueModule.forRoot()` resolves it. */
 const DEFAULT_BATCHING = resolveModuleOptions({ connection: { dialect: 'postgres', url: PG_URL } }).enqueueBatching;
 
@@ -98,6 +114,7 @@ export function producerFor(
       maxPayloadBytes: 1 << 20,
       maxAttemptsFor: () => 25,
       enqueueBatching: { ...DEFAULT_BATCHING, enabled: batching },
+      tracer: BENCH_TRACER,
     },
     wakeBus,
     remoteWaker,
@@ -128,6 +145,7 @@ export function consumerFor(
     listeners: [...listeners, throughput],
     wakeBus,
     workerId: `bench:${process.pid}`,
+    tracer: BENCH_TRACER,
   });
   for (const { queue, options, handler } of queues) {
     consumer.register(resolveQueueOptions(queue, { handler: options }, consumerOptions), (payload) => handler(payload));

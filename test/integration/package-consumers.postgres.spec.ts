@@ -27,9 +27,9 @@ import { dropPgSchema, PG_URL, uniqueSchema } from '../helpers/databases.js';
  * The package as users get it: built with tsc, packed with npm pack, installed into a scratch
  * CommonJS app and a scratch ESM app (no network: the tarball is extracted into node_modules,
  * peers are symlinked from this repo). The apps are those of a pg user who serves health and
- * metrics: Nest, pg, Terminus and prom-client are installed, while `mssql`, `@types/mssql` and
- * `@electric-sql/pglite` are deliberately absent, so a public type or a module that needs them
- * fails here.
+ * metrics: Nest, pg, Terminus and prom-client are installed, while `mssql`, `@types/mssql`,
+ * `@electric-sql/pglite` and `@opentelemetry/api` (tracing is on by default) are deliberately
+ * absent, so a public type or a module that needs them fails here.
  */
 
 const ROOT = fileURLToPath(new URL('../..', import.meta.url));
@@ -68,7 +68,7 @@ const INSTALLED_PEERS = [
   '@types/pg',
   '@types/node',
 ];
-const ABSENT_PEERS = ['mssql', '@types/mssql', '@electric-sql/pglite'];
+const ABSENT_PEERS = ['mssql', '@types/mssql', '@electric-sql/pglite', '@opentelemetry/api'];
 
 const specifier = (entry: string) => (entry === '.' ? NAME : `${NAME}/${entry.slice(2)}`);
 

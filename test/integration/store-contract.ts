@@ -287,6 +287,58 @@ export function describeStoreContract(target: StoreTarget): void {
         expect((await store.stats(queue)).ready).toBe(1);
       });
 
+      it('stores each job’s trace context and hands it to the claim: one job, many (mixed and uniform), grouped, in a caller transaction', async () => {
+        const ctx = (n: number) =>
+          JSON.stringify({ traceparent: `00-${String(n).padStart(32, '0')}-${'1'.repeat(16)}-01` });
+        const traced = (queue: string, payload: unknown, traceContext: string | null, options?: EnqueueOptions) => ({
+          ...job(queue, payload, options),
+          traceContext,
+        });
+        const claimedContexts = async (queue: string, limit: number, groupBatchSize = 1) => {
+          const claimed = await store.claim({ queue, limit, groupBatchSize, leaseMs: 60_000, workerId: WORKER });
+          return new Map(claimed.map((c) => [c.id, c.traceContext ?? null]));
+        };
+
+        const single = newQueue('trace1');
+        const [one] = await store.enqueue([traced(single, { n: 1 }, ctx(1))]);
+        expect(await claimedContexts(single, 1)).toEqual(new Map([[one!.jobId, ctx(1)]]));
+
+        // Different contexts and a null in one call (the general bulk path).
+        const mixed = newQueue('trace-mixed');
+        const mixedIds = await store.enqueue([
+          traced(mixed, { n: 1 }, ctx(2)),
+          traced(mixed, { n: 2 }, null),
+          traced(mixed, { n: 3 }, ctx(3), { idempotencyKey: 'k' }),
+        ]);
+        expect(await claimedContexts(mixed, 10)).toEqual(
+          new Map([
+            [mixedIds[0]!.jobId, ctx(2)],
+            [mixedIds[1]!.jobId, null],
+            [mixedIds[2]!.jobId, ctx(3)],
+          ]),
+        );
+
+        // One shared context and one shape (a uniform bulk, as enqueueMany sends).
+        const uniform = newQueue('trace-uniform');
+        const uniformIds = await store.enqueue(Array.from({ length: 5 }, (_, i) => traced(uniform, { i }, ctx(4))));
+        const uniformClaimed = await claimedContexts(uniform, 10);
+        expect([...uniformClaimed.keys()].sort(byId)).toEqual(uniformIds.map((r) => r.jobId).sort(byId));
+        expect([...uniformClaimed.values()]).toEqual(Array(5).fill(ctx(4)));
+
+        // A group batch: the followers carry their own contexts.
+        const grouped = newQueue('trace-group');
+        const groupIds = await store.enqueue(
+          [1, 2, 3].map((n) => traced(grouped, { n }, ctx(10 + n), { groupKey: 'g' })),
+        );
+        expect(await claimedContexts(grouped, 1, 3)).toEqual(new Map(groupIds.map((r, i) => [r.jobId, ctx(11 + i)])));
+
+        const inTx = newQueue('trace-tx');
+        const tx = await target.beginTransaction();
+        const [txJob] = await store.enqueue([traced(inTx, { n: 1 }, ctx(20))], tx.handle);
+        await tx.commit();
+        expect(await claimedContexts(inTx, 1)).toEqual(new Map([[txJob!.jobId, ctx(20)]]));
+      });
+
       it('bulk enqueues sharing keys in crossing orders all succeed, one job per key (issue 10, C1)', async () => {
         const producers = await openExtra(2);
         for (let round = 0; round < 3; round++) {

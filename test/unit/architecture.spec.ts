@@ -117,6 +117,39 @@ describe('layering: dependency arrows point down only', () => {
     expect(seen.size).toBeGreaterThan(10);
   });
 
+  it('only lib/src/tracing imports @opentelemetry/api (an optional peer), and tracing builds on core only', () => {
+    const tracing = files.filter((x) => x.area === 'tracing');
+    expect(tracing.length).toBeGreaterThan(1);
+    for (const f of files) {
+      if (f.targets.includes('@opentelemetry/api')) expect(f.area, relative(LIB, f.file)).toBe('tracing');
+    }
+    for (const f of tracing) {
+      const outside = f.targets.filter((t) => !['lib:core', 'lib:tracing', '@opentelemetry/api'].includes(t));
+      expect(outside, relative(LIB, f.file)).toEqual([]);
+    }
+  });
+
+  it('no entry point loads @opentelemetry/api but through import(), so an app without it boots', () => {
+    // Static imports only: what loading an entry point loads before any code runs.
+    const staticImports = (file: string) =>
+      [...readFileSync(file, 'utf8').matchAll(/^(?:import|export)\s(?!type\s)[^'"]*?from\s+['"]([^'"]+)['"]/gm)].map(
+        (m) => m[1]!,
+      );
+    const seen = new Set<string>();
+    const reached: string[] = [];
+    const visit = (file: string): void => {
+      if (seen.has(file)) return;
+      seen.add(file);
+      for (const spec of staticImports(file)) {
+        if (spec.startsWith('.')) visit(join(file, '..', spec.replace(/\.js$/, '.ts')));
+        else if (spec.startsWith('@opentelemetry/')) reached.push(`${relative(LIB, file)} imports ${spec}`);
+      }
+    };
+    for (const entry of ['index.ts', 'health.ts', 'prometheus.ts', 'dashboard.ts', 'cli.ts']) visit(join(LIB, entry));
+    expect(seen.has(join(LIB, 'tracing/tracing.loader.ts'))).toBe(true);
+    expect(reached).toEqual([]);
+  });
+
   it('the PGlite path loads no `pg`: embedded PostgreSQL needs only @electric-sql/pglite', () => {
     const byPath = new Map(files.map((f) => [relative(LIB, f.file), f]));
     const seen = new Set<string>();

@@ -66,19 +66,19 @@ describe('nestjs-sql-queue sql', () => {
   });
 
   it('--from the latest version prints no migration but a valid, repeatable script', async () => {
-    expect(PG_LATEST_VERSION).toBe(6);
-    expect(MSSQL_LATEST_VERSION).toBe(8);
-    const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '6');
+    expect(PG_LATEST_VERSION).toBe(7);
+    expect(MSSQL_LATEST_VERSION).toBe(9);
+    const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '7');
     expect(pg.code).toBe(0);
-    expect(pg.stdout).toBe(pgInstallScript('demo', 6));
+    expect(pg.stdout).toBe(pgInstallScript('demo', 7));
     expect(pg.stdout).not.toContain('INSERT INTO');
     expect(pg.stdout).not.toContain('CREATE TABLE "demo".jobs');
     expect(pg.stdout).toContain('BEGIN;');
     expect(pg.stdout).toContain('COMMIT;');
 
-    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '8');
+    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '9');
     expect(mssql.code).toBe(0);
-    expect(mssql.stdout).toBe(mssqlInstallScript('demo', 8));
+    expect(mssql.stdout).toBe(mssqlInstallScript('demo', 9));
     expect(mssql.stdout).not.toContain('INSERT INTO');
     expect(mssql.stdout).not.toContain('[Jobs]');
   });

@@ -264,8 +264,12 @@ describe('options fail at boot with the place and the rule', () => {
     );
     const defaults = resolveModuleOptions({ connection: {} as never });
     expect(defaults.enqueueBatching).toEqual({ enabled: true, maxBatchSize: 500, maxInFlight: 2, windowUs: 0 });
+    expect(defaults.tracing).toEqual({ enabled: true, consumerSpan: 'child', claimSpans: false, reaperSpans: false });
     expect(() => resolveModuleOptions({ connection: {} as never, enqueueBatching: { windowUs: 5_000 } })).toThrow(
       /enqueueBatching\.windowUs/,
     );
+    expect(() =>
+      resolveModuleOptions({ connection: {} as never, tracing: { consumerSpan: 'parent' as never } }),
+    ).toThrow("tracing.consumerSpan must be 'child' or 'link', got 'parent'");
   });
 });

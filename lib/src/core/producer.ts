@@ -1,6 +1,7 @@
 import { EnqueueBatcher, type EnqueueBatchingSettings } from './enqueue-batcher.js';
 import { SqlQueueValidationError } from './errors.js';
 import type { QueueStore } from './queue-store.js';
+import { NO_TRACING, type QueueTracer } from './tracing.js';
 import type {
   AttemptRecord,
   BlockedGroupPage,
@@ -20,6 +21,7 @@ import {
   ENQUEUE_OPTION_KEYS,
   MAX_AGE_MS,
   prepareJob,
+  withTraceContext,
 } from './validation.js';
 import type { RemoteWaker, WakeBus } from './wake.js';
 
@@ -43,6 +45,8 @@ export interface ProducerSettings {
   maxAttemptsFor(queue: string): number;
   /** Concurrent single enqueues outside a caller's transaction share statements (off when absent). */
   enqueueBatching?: EnqueueBatchingSettings & { enabled: boolean };
+  /** Producer spans, and the trace context each job stores (none when absent). */
+  tracer?: QueueTracer;
 }
 
 const CALL_OPTION_KEYS: readonly string[] = [...ENQUEUE_OPTION_KEYS, 'transaction'];
@@ -61,6 +65,7 @@ const BIGINT_MAX = 9_223_372_036_854_775_807n;
  */
 export class QueueProducerCore {
   private readonly batcher: EnqueueBatcher | null;
+  private readonly tracer: QueueTracer;
 
   constructor(
     private readonly store: QueueStore,
@@ -70,6 +75,7 @@ export class QueueProducerCore {
   ) {
     const batching = settings.enqueueBatching;
     this.batcher = batching?.enabled ? new EnqueueBatcher(store, batching, (queue) => this.wake(queue)) : null;
+    this.tracer = settings.tracer ?? NO_TRACING;
   }
 
   async enqueue<T>(queue: string, payload: T, options: EnqueueCallOptions = {}): Promise<EnqueueResult> {
@@ -80,13 +86,17 @@ export class QueueProducerCore {
       SqlQueueValidationError,
     );
     const job = this.prepare(queue, payload, jobOptions);
-    // A caller's transaction is its own connection and commit: never shared with other calls.
-    if (transaction === undefined && this.batcher) return this.batcher.enqueue(job);
-    const [result] = await this.store.enqueue([job], transaction);
-    // Inside the caller's transaction the job is invisible until the caller commits: a wake-up
-    // now would only cost every reader an empty claim. The caller wakes after commit (wake()).
-    if (result!.created && transaction === undefined) this.wake(queue);
-    return result!;
+    // Validated first: a send span stands for a job that went to the database.
+    return this.tracer.send(queue, null, async (traceContext) => {
+      withTraceContext([job], traceContext);
+      // A caller's transaction is its own connection and commit: never shared with other calls.
+      if (transaction === undefined && this.batcher) return this.batcher.enqueue(job);
+      const [result] = await this.store.enqueue([job], transaction);
+      // Inside the caller's transaction the job is invisible until the caller commits: a wake-up
+      // now would only cost every reader an empty claim. The caller wakes after commit (wake()).
+      if (result!.created && transaction === undefined) this.wake(queue);
+      return result!;
+    });
   }
 
   /**
@@ -123,12 +133,17 @@ export class QueueProducerCore {
       );
       return this.prepare(queue, payload, jobOptions, `item ${index}`);
     });
-    const results: EnqueueResult[] = [];
-    for (let start = 0; start < jobs.length; start += ENQUEUE_CHUNK) {
-      results.push(...(await this.store.enqueue(jobs.slice(start, start + ENQUEUE_CHUNK), transaction)));
-    }
-    if (transaction === undefined && results.some((r) => r.created)) this.wake(queue);
-    return results;
+    if (jobs.length === 0) return [];
+    // One send span for the call; every job carries its context, so each job's handler joins it.
+    return this.tracer.send(queue, jobs.length, async (traceContext) => {
+      withTraceContext(jobs, traceContext);
+      const results: EnqueueResult[] = [];
+      for (let start = 0; start < jobs.length; start += ENQUEUE_CHUNK) {
+        results.push(...(await this.store.enqueue(jobs.slice(start, start + ENQUEUE_CHUNK), transaction)));
+      }
+      if (transaction === undefined && results.some((r) => r.created)) this.wake(queue);
+      return results;
+    });
   }
 
   /**

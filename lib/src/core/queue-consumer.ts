@@ -14,11 +14,14 @@ import { abortJob, JobAcker, signalOf, withFollowers, type AckerDeps, type HeldJ
 import { ThrottledErrorLog } from './logger.js';
 import type { ResolvedQueueOptions } from './options.js';
 import { settleWithin, withTimeout } from './timeout.js';
+import { NO_TRACING, type QueueTracer } from './tracing.js';
 import type { ClaimedJob, HeartbeatResult } from './types.js';
 import { INT_MAX } from './validation.js';
 
 export interface QueueConsumerDeps extends AckerDeps {
   random?: () => number;
+  /** Spans around handlers (and, if asked for, claims); none by default. */
+  tracer?: QueueTracer;
 }
 
 /** A point-in-time view of one queue's readers, for liveness checks and metrics. */
@@ -86,6 +89,7 @@ export class QueueConsumer {
   /** Heartbeat runs in flight (each bounded), awaited by shutdown. */
   private readonly background = new Set<Promise<void>>();
   private heartbeatRunning = false;
+  private readonly tracer: QueueTracer;
 
   constructor(
     private readonly deps: QueueConsumerDeps,
@@ -99,6 +103,7 @@ export class QueueConsumer {
     this.claimErrors = new ThrottledErrorLog(deps.logger, `claiming from queue '${options.queue}'`, now);
     this.heartbeatErrors = new ThrottledErrorLog(deps.logger, `renewing leases in queue '${options.queue}'`, now);
     this.acker = new JobAcker(deps, options, (held) => this.settled(held));
+    this.tracer = deps.tracer ?? NO_TRACING;
   }
 
   get queue(): string {
@@ -283,13 +288,15 @@ export class QueueConsumer {
     const startedAt = this.deps.clock.now();
     let claimed: ClaimedJob[];
     try {
-      claimed = await this.deps.store.claim({
-        queue: this.queue,
-        limit,
-        leaseMs: this.options.leaseMs,
-        workerId: this.deps.workerId,
-        groupBatchSize: this.options.groupBatchSize,
-      });
+      claimed = await this.tracer.claim(this.queue, limit, () =>
+        this.deps.store.claim({
+          queue: this.queue,
+          limit,
+          leaseMs: this.options.leaseMs,
+          workerId: this.deps.workerId,
+          groupBatchSize: this.options.groupBatchSize,
+        }),
+      );
       this.claimErrors.succeeded();
       this.errorBackoffMs = ERROR_BACKOFF_MIN_MS;
     } catch (error) {
@@ -472,8 +479,9 @@ export class QueueConsumer {
     const { job } = held;
     const startedAt = this.deps.clock.now();
     held.startedAtLocal = startedAt;
+    // Each attempt is its own consumer span, in the trace of the enqueue that stored the job.
     const handled = Promise.resolve()
-      .then(() => this.handler(job.payload, context))
+      .then(() => this.tracer.process(job, () => this.handler(job.payload, context)))
       .then(
         () => ({ ok: true }) as const,
         (error: unknown) => ({ ok: false, error }) as const,

@@ -53,6 +53,12 @@ export interface NewJob {
   maxAttempts: number | null;
   /** This process's own value for the queue (its `queues` entry or handler, else 25). */
   defaultMaxAttempts: number;
+  /**
+   * The enqueue's trace context (core/tracing.ts: the propagator's carrier as JSON text, at most
+   * MAX_TRACE_CONTEXT_LENGTH characters), stored with the job so that its handler joins the
+   * trace; absent or null for none (tracing off, no active trace, a schedule's tick).
+   */
+  traceContext?: string | null;
 }
 
 /**
@@ -93,6 +99,8 @@ export interface ClaimedJob {
   enqueuedAt: Date;
   claimedAt: Date;
   leaseUntil: Date;
+  /** The trace context stored at enqueue (NewJob.traceContext); absent or null for none. */
+  traceContext?: string | null;
 }
 
 export interface ClaimRequest {

@@ -1,4 +1,5 @@
 import { SqlQueueConfigError, SqlQueueValidationError } from './errors.js';
+import { isHeaderText, MAX_TRACE_CONTEXT_LENGTH } from './tracing.js';
 import type { EnqueueOptions, NewJob, QueueSetting } from './types.js';
 
 const QUEUE_NAME = /^[A-Za-z0-9._-]{1,128}$/;
@@ -193,6 +194,24 @@ export function prepareJob(
     maxAttempts,
     defaultMaxAttempts: limits.defaultMaxAttempts,
   };
+}
+
+/**
+ * Gives prepared jobs the trace context of their enqueue (core/tracing.ts: the tracer's
+ * encoded carrier; null leaves them without one, as most jobs are). A context that is not header
+ * text of bounded length (a tracer's bug, never the caller's) is dropped: tracing must never fail
+ * an enqueue, and the job runs without it.
+ */
+export function withTraceContext(jobs: readonly NewJob[], traceContext: string | null): void {
+  if (
+    typeof traceContext !== 'string' ||
+    traceContext.length === 0 ||
+    traceContext.length > MAX_TRACE_CONTEXT_LENGTH ||
+    !isHeaderText(traceContext)
+  ) {
+    return;
+  }
+  for (const job of jobs) job.traceContext = traceContext;
 }
 
 /**

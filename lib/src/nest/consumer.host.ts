@@ -54,6 +54,7 @@ export class SqlQueueConsumerHost implements OnModuleInit, OnApplicationBootstra
       wakeBus: this.runtime.wakeBus,
       listen: this.doorbellListen(),
       workerId: this.runtime.workerId,
+      tracer: this.runtime.tracer,
     });
     const queues = handlers.map((handler) => {
       const resolved = resolveHandlerOptions(handler, options);

@@ -45,7 +45,7 @@ export class LeaseReaperScheduler implements OnApplicationBootstrap, BeforeAppli
         `nestjs-sql-queue:${schema}:lease-reaper`,
         reaper.intervalMs,
         async () => {
-          const reaped = await reapExpiredLeases(this.runtime.store, reaper.batchSize);
+          const reaped = await this.runtime.tracer.reap(() => reapExpiredLeases(this.runtime.store, reaper.batchSize));
           errors.succeeded();
           this.runtime.throughput?.reaped(reaped);
           for (const job of reaped) {

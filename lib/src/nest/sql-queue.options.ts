@@ -87,6 +87,12 @@ export interface SqlQueueModuleOptions {
    * each caller getting its own result or error.
    */
   enqueueBatching?: { enabled?: boolean; maxBatchSize?: number; maxInFlight?: number; windowUs?: number };
+  /**
+   * OpenTelemetry tracing through the optional peer `@opentelemetry/api` (default on; without an
+   * SDK registered it records nothing): enqueue stores the trace context with the job, the handler
+   * runs in a consumer span that is a `child` of (or has a `link` to) the producer's span.
+   */
+  tracing?: { enabled?: boolean; consumerSpan?: 'child' | 'link'; claimSpans?: boolean; reaperSpans?: boolean };
 }
 
 export interface ResolvedModuleOptions {
@@ -108,6 +114,7 @@ export interface ResolvedModuleOptions {
   scheduler: { enabled: boolean; maxPollMs: number };
   throughput: { enabled: boolean; flushIntervalMs: number };
   enqueueBatching: { enabled: boolean; maxBatchSize: number; maxInFlight: number; windowUs: number };
+  tracing: { enabled: boolean; consumerSpan: 'child' | 'link'; claimSpans: boolean; reaperSpans: boolean };
 }
 
 const KNOWN: readonly (keyof SqlQueueModuleOptions)[] = [
@@ -128,6 +135,7 @@ const KNOWN: readonly (keyof SqlQueueModuleOptions)[] = [
   'scheduler',
   'throughput',
   'enqueueBatching',
+  'tracing',
 ];
 
 /** Checks every module option at boot, with messages that name the option and the fix. */
@@ -164,6 +172,11 @@ export function resolveModuleOptions(raw: SqlQueueModuleOptions): ResolvedModule
     'maxInFlight',
     'windowUs',
   ]);
+  const tracing = assertOptionGroup('tracing', raw.tracing, ['enabled', 'consumerSpan', 'claimSpans', 'reaperSpans']);
+  const consumerSpan = tracing.consumerSpan ?? 'child';
+  if (consumerSpan !== 'child' && consumerSpan !== 'link') {
+    throw new SqlQueueConfigError(`tracing.consumerSpan must be 'child' or 'link', got ${describe(consumerSpan)}`);
+  }
   return {
     connection: raw.connection,
     schema,
@@ -200,6 +213,12 @@ export function resolveModuleOptions(raw: SqlQueueModuleOptions): ResolvedModule
       maxBatchSize: assertInteger('enqueueBatching.maxBatchSize', batching.maxBatchSize ?? 500, 1, ENQUEUE_CHUNK),
       maxInFlight: assertInteger('enqueueBatching.maxInFlight', batching.maxInFlight ?? 2, 1, 64),
       windowUs: assertInteger('enqueueBatching.windowUs', batching.windowUs ?? 0, 0, 1_000),
+    },
+    tracing: {
+      enabled: assertBoolean('tracing.enabled', tracing.enabled ?? true),
+      consumerSpan,
+      claimSpans: assertBoolean('tracing.claimSpans', tracing.claimSpans ?? false),
+      reaperSpans: assertBoolean('tracing.reaperSpans', tracing.reaperSpans ?? false),
     },
   };
 }

@@ -6,6 +6,7 @@ import type { QueueEventListener } from '../core/events.js';
 import type { QueueOptions } from '../core/options.js';
 import { QueueProducerCore } from '../core/producer.js';
 import { settleWithin } from '../core/timeout.js';
+import { NO_TRACING, type QueueTracer } from '../core/tracing.js';
 import type { QueueStore } from '../core/queue-store.js';
 import { DEFAULT_MAX_ATTEMPTS } from '../core/validation.js';
 import { RemoteWaker, WakeBus } from '../core/wake.js';
@@ -18,6 +19,7 @@ import type { MssqlQueueStore } from '../store/mssql/mssql.store.js';
 import { BROKER_NEEDS_SQL_SERVER } from './broker-handlers.js';
 import { SqlQueueConfigError } from '../core/errors.js';
 import { scheduleUpsertOf } from '../core/schedules/schedule-options.js';
+import { loadQueueTracer } from '../tracing/tracing.loader.js';
 
 const STORE_CLOSE_TIMEOUT_MS = 5_000;
 const THROUGHPUT_FLUSH_TIMEOUT_MS = 2_000;
@@ -40,6 +42,8 @@ export class SqlQueueRuntime {
   private readonly wakeTarget: Pick<QueueStore, 'notify'>;
   readonly producer: QueueProducerCore;
   readonly workerId: string;
+  /** Spans of enqueues and handlers (claims and reaper runs if asked for): the `tracing` option. */
+  readonly tracer: QueueTracer;
   /** Adds this process's job outcomes to the database's per-minute counts (the `throughput` option). */
   readonly throughput: ThroughputRecorder | null;
   /** The Service Broker transport, when the `broker` option declares queues (SQL Server only). */
@@ -52,8 +56,10 @@ export class SqlQueueRuntime {
     readonly options: ResolvedModuleOptions,
     readonly store: QueueStore,
     readonly logger: Logger,
+    { tracer = NO_TRACING, workerId }: { tracer?: QueueTracer; workerId?: string } = {},
   ) {
-    this.workerId = options.consumer.workerId ?? defaultWorkerId();
+    this.workerId = workerId ?? options.consumer.workerId ?? defaultWorkerId();
+    this.tracer = tracer;
     this.wakeTarget = { notify: store.notify ? (queue) => store.notify!(queue) : undefined };
     // PostgreSQL rings through the store (NOTIFY); SQL Server through the Service Broker
     // doorbell, once connectBroker has it (broker.doorbell). Without either, nothing is sent.
@@ -67,6 +73,7 @@ export class SqlQueueRuntime {
         maxPayloadBytes: options.maxPayloadBytes,
         maxAttemptsFor: (queue) => this.defaultMaxAttempts(queue),
         enqueueBatching: options.enqueueBatching,
+        tracer,
       },
       this.wakeBus,
       this.remoteWaker,
@@ -165,6 +172,9 @@ export async function createSqlQueueRuntime(
   handlers: readonly ResolvedHandler[],
 ): Promise<SqlQueueRuntime> {
   const logger = new Logger('SqlQueue');
+  // Before connecting: the tracer's spans name this process (messaging.client.id) by its worker id.
+  const workerId = options.consumer.workerId ?? defaultWorkerId();
+  const tracer = await loadQueueTracer(options.tracing, workerId, logger);
   const store = await createQueueStore(options.connection, {
     schema: options.schema,
     onBackgroundError: (error) => logger.warn(`idle database connection failed: ${error.message}`),
@@ -186,7 +196,7 @@ export async function createSqlQueueRuntime(
     await store.close().catch(() => undefined);
     throw error;
   }
-  const runtime = new SqlQueueRuntime(options, store, logger);
+  const runtime = new SqlQueueRuntime(options, store, logger, { tracer, workerId });
   // useBroker, not a plain assignment: it also points the producer's wake-ups at the doorbell.
   if (options.broker)
     runtime.useBroker(await connectBroker(runtime, options).catch((error: unknown) => runtime.failBoot(error)));

@@ -448,6 +448,37 @@ WHERE h.[Nth] = 1;`,
       ];
     },
   },
+  {
+    version: 9,
+    description: 'trace context',
+    // The enqueue's trace context (issue 15): the propagator's carrier as JSON text (printable
+    // ASCII, so varchar), read back by the claim so the handler's span joins the producer's
+    // trace. Adding a nullable column without a default changes metadata only, no row touched,
+    // as long as the longest possible row stays within 8,060 bytes (it does: about 4,000 with
+    // the column, the (max) columns counted as their 24-byte pointers). A table type cannot be
+    // altered, so JobInputListV3 carries it for the bulk enqueue; JobInputListV2 stays for
+    // instances of the previous version still running during a rolling upgrade (their jobs
+    // carry no trace context).
+    batches: (schema) => {
+      const s = quoteMssqlIdentifier(schema);
+      return [
+        `ALTER TABLE ${s}.[Jobs] ADD [TraceContext] varchar(2048) NULL;`,
+        `CREATE TYPE ${s}.[JobInputListV3] AS TABLE (
+  [Ord] int NOT NULL PRIMARY KEY,
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [Payload] nvarchar(max) NOT NULL,
+  [Priority] int NOT NULL,
+  [RunAt] datetime2(3) NULL,
+  [DelayMs] bigint NOT NULL,
+  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL,
+  [IdempotencyKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL,
+  [MaxAttempts] int NULL,
+  [DefaultMaxAttempts] int NOT NULL,
+  [TraceContext] varchar(2048) NULL
+);`,
+      ];
+    },
+  },
 ];
 
 export const MSSQL_LATEST_VERSION = MSSQL_MIGRATIONS[MSSQL_MIGRATIONS.length - 1]!.version;

@@ -68,7 +68,7 @@ export interface MssqlQueries {
 
 /** Table types; the store names them when it binds table-valued parameters. */
 export const MSSQL_TABLE_TYPES = {
-  jobInput: 'JobInputListV2',
+  jobInput: 'JobInputListV3',
   owned: 'OwnedJobList',
   heartbeat: 'HeartbeatList',
   failure: 'FailureList',
@@ -826,8 +826,10 @@ ${takeKeyLock('    ')}
   IF @created = 1
   BEGIN
     SET @id = @firstId;
-    INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
-    VALUES (@firstId, @queue, ${stateFor(oneRunAt)}, @payload, @priority, ${oneRunAt}, @groupKey, @idempotencyKey, @jobMaxAttempts);
+    INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts],
+                                        [TraceContext])
+    VALUES (@firstId, @queue, ${stateFor(oneRunAt)}, @payload, @priority, ${oneRunAt}, @groupKey, @idempotencyKey, @jobMaxAttempts,
+            @traceContext);
 ${grouped ? joinGroupOne : ''}  END;`)}
 SELECT CAST(@id AS varchar(20)) AS [Id], @created AS [Created];`;
   const enqueueMany = (
@@ -862,11 +864,13 @@ ${takeKeyLock('    ')}
                       WHERE j.[Queue] = k.[Queue] AND j.[IdempotencyKey] = k.[IdempotencyKey]
                         AND j.[IdempotencyKey] IS NOT NULL)
   FROM @keys AS k;
-  INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts])
+  INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts],
+                                      [TraceContext])
   OUTPUT ${grouped ? 'inserted.[Id], inserted.[Queue], inserted.[GroupKey], inserted.[RunAt], inserted.[Priority] INTO @inserted ([Id], [Queue], [GroupKey], [RunAt], [Priority])' : 'inserted.[Id] INTO @inserted ([Id])'}
   SELECT @firstId + i.[Ord], i.[Queue], ${stateFor(manyRunAt)}, i.[Payload], i.[Priority],
          ${manyRunAt},
-         i.[GroupKey], i.[IdempotencyKey], COALESCE(i.[MaxAttempts], q.[MaxAttempts], i.[DefaultMaxAttempts])
+         i.[GroupKey], i.[IdempotencyKey], COALESCE(i.[MaxAttempts], q.[MaxAttempts], i.[DefaultMaxAttempts]),
+         i.[TraceContext]
   FROM @jobs AS i
   LEFT JOIN @keys AS k ON k.[Queue] = i.[Queue] AND k.[IdempotencyKey] = i.[IdempotencyKey]
   LEFT JOIN ${settings} AS q ON q.[Queue] = i.[Queue]
@@ -936,7 +940,7 @@ SELECT COUNT_BIG(*) AS [Deleted] FROM @purged;`;
       [LeaseUntil] = DATEADD(millisecond, @leaseMs, SYSUTCDATETIME()), [ClaimedAt] = SYSUTCDATETIME(), [WorkerId] = @workerId
   OUTPUT inserted.[Id], inserted.[Queue], inserted.[Payload], inserted.[Priority], inserted.[GroupKey], inserted.[IdempotencyKey],
          inserted.[Attempts], inserted.[MaxAttempts], inserted.[ClaimToken], inserted.[CreatedAt], inserted.[ClaimedAt],
-         inserted.[LeaseUntil], inserted.[Priority], inserted.[RunAt], inserted.[Id]
+         inserted.[LeaseUntil], inserted.[Priority], inserted.[RunAt], inserted.[Id], inserted.[TraceContext]
   INTO @claimed;`;
 
   // The group side of a claim (@groupUnits groups), in one short transaction with the claim's
@@ -1022,7 +1026,7 @@ ${atomically(`${candidateJobs}
       [LeaseUntil] = DATEADD(millisecond, @leaseMs, SYSUTCDATETIME()), [ClaimedAt] = SYSUTCDATETIME(), [WorkerId] = @workerId
   OUTPUT inserted.[Id], inserted.[Queue], inserted.[Payload], inserted.[Priority], inserted.[GroupKey], inserted.[IdempotencyKey],
          inserted.[Attempts], inserted.[MaxAttempts], inserted.[ClaimToken], inserted.[CreatedAt], inserted.[ClaimedAt],
-         inserted.[LeaseUntil], h.[HeadPriority], h.[HeadReadyAt], h.[HeadId]
+         inserted.[LeaseUntil], h.[HeadPriority], h.[HeadReadyAt], h.[HeadId], inserted.[TraceContext]
   INTO @claimed
   FROM ${jobs} AS j WITH (ROWLOCK)
   INNER JOIN @members AS m ON m.[Id] = j.[Id]
@@ -1050,7 +1054,7 @@ ${atomically(`${candidateJobs}
   return {
     // @queue, @payload, @priority, @runAt (null: now + @delayMs), @delayMs bigint, @groupKey,
     // @idempotencyKey, @maxAttempts (null: the queue's recorded setting), @defaultMaxAttempts,
-    // @inTransaction (1: the caller's open transaction; see ENQUEUE_SESSION and keyedWork).
+    // @traceContext, @inTransaction (1: the caller's open transaction; see ENQUEUE_SESSION and keyedWork).
     // The setting is read into a variable first: COALESCE((subquery), …) runs the subquery twice.
     // With a key: the key's lock, then the existence check; the job's id is the existing one or
     // the reserved one, and nothing is read again after the insert.
@@ -1062,7 +1066,7 @@ ${atomically(`${candidateJobs}
     // ROWLOCK on both enqueue statements: READPAST skips locked rows but not locked pages, so
     // a large insert in a caller's long transaction must not take page locks that claims and
     // monitoring reads would then wait on (lock escalation is already off for the table).
-    // @jobs JobInputListV2 with Ord = 0..n-1, @inTransaction. A range of ids is reserved first, so
+    // @jobs JobInputListV3 with Ord = 0..n-1, @inTransaction. A range of ids is reserved first, so
     // every input row knows its id (first + Ord) whether or not it is inserted, and results come
     // back in input order. The first row of a key within the batch is the one inserted; later
     // ones get its id. First rows are found in one pass (ROW_NUMBER over the key: the table type
@@ -1114,7 +1118,7 @@ ${atomically(`${candidateJobs}
   [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL, [IdempotencyKey] nvarchar(255) NULL, [Attempts] int NOT NULL,
   [MaxAttempts] int NOT NULL, [ClaimToken] uniqueidentifier NOT NULL, [CreatedAt] datetime2(3) NOT NULL,
   [ClaimedAt] datetime2(3) NOT NULL, [LeaseUntil] datetime2(3) NOT NULL,
-  [UnitPriority] int NULL, [UnitAt] datetime2(3) NULL, [UnitId] bigint NOT NULL);
+  [UnitPriority] int NULL, [UnitAt] datetime2(3) NULL, [UnitId] bigint NOT NULL, [TraceContext] varchar(2048) NULL);
 DECLARE @groupUnits int = 0, @jobUnits int;
 WITH due AS (
   SELECT TOP (@limit) *
@@ -1165,7 +1169,7 @@ BEGIN
 ${groupClaim}
 END;
 SELECT CAST([Id] AS varchar(20)) AS [Id], [Queue], [Payload], [Priority], [GroupKey], [IdempotencyKey], [Attempts], [MaxAttempts],
-       CAST([ClaimToken] AS char(36)) AS [ClaimToken], [CreatedAt], [ClaimedAt], [LeaseUntil]
+       CAST([ClaimToken] AS char(36)) AS [ClaimToken], [CreatedAt], [ClaimedAt], [LeaseUntil], [TraceContext]
 FROM @claimed
 ORDER BY [UnitPriority] DESC, [UnitAt], [UnitId], [Id];`,
 

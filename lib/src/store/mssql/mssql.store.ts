@@ -11,6 +11,7 @@ import { assertThroughputMinutes, sumThroughputByQueue } from '../../core/throug
 import { assertJobId } from '../../core/producer.js';
 import type { MigrationMode, QueueStore, SchemaStatus } from '../../core/queue-store.js';
 import { assertSchemaVersion } from '../../core/schema-version.js';
+import { MAX_TRACE_CONTEXT_LENGTH } from '../../core/tracing.js';
 import type {
   AttemptRecord,
   BlockedGroupPage,
@@ -244,6 +245,7 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
     table.columns.add('IdempotencyKey', sql.NVarChar(255), { nullable: true });
     table.columns.add('MaxAttempts', sql.Int, { nullable: true });
     table.columns.add('DefaultMaxAttempts', sql.Int, { nullable: false });
+    table.columns.add('TraceContext', sql.VarChar(MAX_TRACE_CONTEXT_LENGTH), { nullable: true });
     jobs.forEach((job, ord) =>
       table.rows.add(
         ord,
@@ -256,6 +258,7 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
         job.idempotencyKey,
         job.maxAttempts,
         job.defaultMaxAttempts,
+        job.traceContext ?? null,
       ),
     );
     return table;
@@ -303,6 +306,7 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
       enqueuedAt: row.CreatedAt as Date,
       claimedAt: row.ClaimedAt as Date,
       leaseUntil: row.LeaseUntil as Date,
+      traceContext: (row.TraceContext as string | null) ?? null,
     }));
   }
 
@@ -871,7 +875,8 @@ function bindOne(job: NewJob): Bind {
       .input('groupKey', sql.NVarChar(255), job.groupKey)
       .input('idempotencyKey', sql.NVarChar(255), job.idempotencyKey)
       .input('maxAttempts', sql.Int, job.maxAttempts)
-      .input('defaultMaxAttempts', sql.Int, job.defaultMaxAttempts);
+      .input('defaultMaxAttempts', sql.Int, job.defaultMaxAttempts)
+      .input('traceContext', sql.VarChar(MAX_TRACE_CONTEXT_LENGTH), job.traceContext ?? null);
 }
 
 /** The caller's transaction: an mssql Transaction on which begin() was awaited. */

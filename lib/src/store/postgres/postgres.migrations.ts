@@ -211,6 +211,16 @@ ORDER BY queue, group_key, id`,
 )`,
     ],
   },
+  {
+    version: 7,
+    description: 'trace context',
+    // The enqueue's trace context (issue 15): the propagator's carrier as JSON text, read back by
+    // the claim so the handler's span joins the producer's trace. A nullable column without a
+    // default is a catalog change only: no table rewrite, however many jobs there are.
+    statements: (schema) => [
+      `ALTER TABLE ${quotePgIdentifier(schema)}.jobs ADD COLUMN trace_context varchar(2048) NULL`,
+    ],
+  },
 ];
 
 export const PG_LATEST_VERSION = PG_MIGRATIONS[PG_MIGRATIONS.length - 1]!.version;

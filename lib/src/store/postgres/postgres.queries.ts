@@ -286,26 +286,31 @@ export function pgQueries(schema: string): PgQueries {
 
   return {
     // $1 queue, $2 payload, $3 priority, $4 run_at, $5 delay_ms, $6 group_key, $7 idempotency_key,
-    // $8 max_attempts (null: the queue's setting), $9 default max_attempts
-    enqueueOne: `INSERT INTO ${jobs} (queue, state, payload, priority, run_at, group_key, idempotency_key, max_attempts, created_at)
+    // $8 max_attempts (null: the queue's setting), $9 default max_attempts, $10 trace_context
+    enqueueOne: `INSERT INTO ${jobs} (queue, state, payload, priority, run_at, group_key, idempotency_key, max_attempts,
+                     trace_context, created_at)
 VALUES ($1, ${stateFor(oneRunAt)}, $2::jsonb, $3, ${oneRunAt}, $6, $7,
-        ${maxAttempts('$8::int', '$9::int')}, statement_timestamp())
+        ${maxAttempts('$8::int', '$9::int')}, $10, statement_timestamp())
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id::text AS id`,
 
     // $1 queue, then one array per column ($2 payload jsonb[], $3 priority, $4 run_at, $5 delay_ms,
     // $6 group_key, $7 idempotency_key, $8 max_attempts (null elements: the queue's setting),
-    // $9 default max_attempts). Typed arrays parse faster than one
+    // $9 default max_attempts, $10 trace_context). Typed arrays parse faster than one
     // JSON document. Ids are drawn before the insert so each input row keeps its id whether or
     // not it was inserted: results come back in input order without trusting RETURNING's order.
     enqueueMany: `WITH input AS MATERIALIZED (
   SELECT i.*, nextval('${jobIdSeq}') AS id
-  FROM unnest($2::jsonb[], $3::int[], $4::timestamptz[], $5::float8[], $6::text[], $7::text[], $8::int[], $9::int[])
-       WITH ORDINALITY AS i(payload, priority, run_at, delay_ms, group_key, idempotency_key, max_attempts, default_max_attempts, ord)
+  FROM unnest($2::jsonb[], $3::int[], $4::timestamptz[], $5::float8[], $6::text[], $7::text[], $8::int[], $9::int[],
+              $10::text[])
+       WITH ORDINALITY AS i(payload, priority, run_at, delay_ms, group_key, idempotency_key, max_attempts, default_max_attempts,
+                            trace_context, ord)
 ), inserted AS (
-  INSERT INTO ${jobs} (id, queue, state, payload, priority, run_at, group_key, idempotency_key, max_attempts, created_at)
+  INSERT INTO ${jobs} (id, queue, state, payload, priority, run_at, group_key, idempotency_key, max_attempts, trace_context,
+                       created_at)
   SELECT id, $1, ${stateFor(manyRunAt)}, payload, priority, ${manyRunAt},
-         group_key, idempotency_key, ${maxAttempts('max_attempts', 'default_max_attempts')}, statement_timestamp()
+         group_key, idempotency_key, ${maxAttempts('max_attempts', 'default_max_attempts')}, trace_context,
+         statement_timestamp()
   FROM input ORDER BY idempotency_key, ord
   ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
   RETURNING id
@@ -317,15 +322,16 @@ ORDER BY input.ord`,
     // The common bulk case: no idempotency keys and the same options for every job, so only
     // the payloads travel, as one JSON array ($2: json, split before each payload becomes jsonb,
     // so the batch is not bound by jsonb's 256 MB per value); the rest are scalars ($3 priority, $4 run_at,
-    // $5 delay_ms, $6 group_key, $7 max_attempts or null, $8 default max_attempts). Every row is
-    // inserted (no conflict target), so the ids drawn in input order are the answer.
+    // $5 delay_ms, $6 group_key, $7 max_attempts or null, $8 default max_attempts, $9 trace_context: an
+    // enqueueMany's jobs share its span's). Every row is inserted (no conflict target), so the ids
+    // drawn in input order are the answer.
     enqueueManyUniform: `WITH input AS MATERIALIZED (
   SELECT p::jsonb AS payload, ord, nextval('${jobIdSeq}') AS id
   FROM json_array_elements($2::json) WITH ORDINALITY AS t(p, ord)
 ), inserted AS (
-  INSERT INTO ${jobs} (id, queue, state, payload, priority, run_at, group_key, max_attempts, created_at)
+  INSERT INTO ${jobs} (id, queue, state, payload, priority, run_at, group_key, max_attempts, trace_context, created_at)
   SELECT id, $1, ${stateFor(oneRunAt)}, payload, $3, ${oneRunAt},
-         $6, ${maxAttempts('$7::int', '$8::int')}, statement_timestamp()
+         $6, ${maxAttempts('$7::int', '$8::int')}, $9::varchar, statement_timestamp()
   FROM input
 )
 SELECT id::text AS id FROM input ORDER BY ord`,
@@ -436,7 +442,7 @@ JOIN ${jobs} j ON j.queue = k.queue AND j.idempotency_key = k.key`,
   FROM candidates c
   WHERE j.id = c.id AND j.state IN ('ready', 'delayed')
   RETURNING c.lease, j.id, j.payload, j.priority, j.group_key, j.idempotency_key, j.attempts, j.max_attempts,
-            j.claim_token, j.created_at, j.claimed_at, j.lease_until
+            j.claim_token, j.created_at, j.claimed_at, j.lease_until, j.trace_context
 ), held AS (
   -- Chosen groups are held (or, with a stale head, set aside for a second); due waiting groups
   -- that lost their place are promoted to the ordered index, as due delayed jobs are.
@@ -457,7 +463,7 @@ SELECT id::text AS id, payload, priority, group_key, idempotency_key, attempts, 
        -- epoch milliseconds: far cheaper for the client to turn into Dates than timestamp text
        (extract(epoch FROM created_at) * 1000)::float8 AS created_ms,
        (extract(epoch FROM claimed_at) * 1000)::float8 AS claimed_ms,
-       (extract(epoch FROM lease_until) * 1000)::float8 AS lease_until_ms
+       (extract(epoch FROM lease_until) * 1000)::float8 AS lease_until_ms, trace_context
 FROM updated WHERE lease`,
 
     // $1 jsonb [{id, token, lease_ms, max_ms}]; the lease never runs past claimed_at + max_ms. Once

@@ -220,6 +220,7 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
         job.idempotencyKey,
         job.maxAttempts,
         job.defaultMaxAttempts,
+        job.traceContext ?? null,
       ]);
       if (rows[0]) return { jobId: rows[0].id, created: true };
       const results: (EnqueueResult | undefined)[] = [undefined];
@@ -284,6 +285,7 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
       enqueuedAt: new Date(row.created_ms as number),
       claimedAt: new Date(row.claimed_ms as number),
       leaseUntil: new Date(row.lease_until_ms as number),
+      traceContext: (row.trace_context as string | null) ?? null,
     }));
   }
 
@@ -845,13 +847,15 @@ const UNIFORM_DOCUMENT_MAX_CHARS = 64 * 1024 * 1024;
 
 /**
  * Parameters of the uniform bulk statement when it applies: one queue, no idempotency keys,
- * and the same priority, run-at, delay, group and max attempts for every job; else null.
+ * and the same priority, run-at, delay, group, max attempts and trace context for every job
+ * (an enqueueMany's jobs share its span's); else null.
  * The payloads travel as one JSON array: joining the already serialized payloads costs
  * nothing, where a jsonb[] parameter is escaped element by element on both sides.
  */
 function uniformParams(jobs: readonly NewJob[]): unknown[] | null {
   const first = jobs[0]!;
   const runAt = first.runAt?.getTime() ?? null;
+  const traceContext = first.traceContext ?? null;
   let chars = 0;
   for (const job of jobs) {
     chars += job.payload.length;
@@ -864,7 +868,8 @@ function uniformParams(jobs: readonly NewJob[]): unknown[] | null {
       job.delayMs !== first.delayMs ||
       job.groupKey !== first.groupKey ||
       job.maxAttempts !== first.maxAttempts ||
-      job.defaultMaxAttempts !== first.defaultMaxAttempts
+      job.defaultMaxAttempts !== first.defaultMaxAttempts ||
+      (job.traceContext ?? null) !== traceContext
     ) {
       return null;
     }
@@ -878,6 +883,7 @@ function uniformParams(jobs: readonly NewJob[]): unknown[] | null {
     first.groupKey,
     first.maxAttempts,
     first.defaultMaxAttempts,
+    traceContext,
   ];
 }
 
@@ -900,6 +906,7 @@ function enqueueManyParams(jobs: readonly NewJob[]): unknown[] {
     jobs.map((job) => job.idempotencyKey),
     jobs.map((job) => job.maxAttempts),
     jobs.map((job) => job.defaultMaxAttempts),
+    jobs.map((job) => job.traceContext ?? null),
   ];
 }
 
