@@ -1,6 +1,7 @@
 import { describe, expect, it, vi } from 'vitest';
 import { ScheduleAdmin } from '../../lib/src/core/schedules/schedule-admin.js';
 import type { ScheduleRow } from '../../lib/src/core/schedules/schedule.types.js';
+import { NO_TRACING, type QueueTracer } from '../../lib/src/core/tracing.js';
 import type { NewJob } from '../../lib/src/core/types.js';
 
 const row: ScheduleRow = {
@@ -20,7 +21,7 @@ const row: ScheduleRow = {
   updatedAt: new Date('2026-12-01T00:00:00.000Z'),
 };
 
-function admin(now: Date) {
+function admin(now: Date, tracer?: QueueTracer) {
   const enqueued: NewJob[] = [];
   const woken: string[] = [];
   const store = {
@@ -42,11 +43,32 @@ function admin(now: Date) {
     checkQueue: (id, queue) => (queue === 'reports' ? null : `schedule '${id}': queue '${queue}' is unknown`),
     changed: () => woken.push('scheduler'),
     enqueued: (queue) => woken.push(queue),
+    tracer,
   });
   return { admin: result, store, enqueued, woken };
 }
 
 describe('ScheduleAdmin.trigger', () => {
+  it("runs in a send span and gives the job the caller's trace context, as an enqueue does", async () => {
+    const context = '{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}';
+    const sent: { queue: string; batchSize: number | null }[] = [];
+    const tracer: QueueTracer = {
+      ...NO_TRACING,
+      send: (queue, batchSize, send) => {
+        sent.push({ queue, batchSize });
+        return send(context);
+      },
+    };
+    const t = admin(new Date('2026-12-01T10:00:00.437Z'), tracer);
+    await t.admin.trigger('report');
+    expect(sent).toEqual([{ queue: 'reports', batchSize: null }]);
+    expect(t.enqueued[0]!.traceContext).toBe(context);
+    // Without a tracer (or with tracing off), the job carries none.
+    const plain = admin(new Date('2026-12-01T10:00:00.437Z'));
+    await plain.admin.trigger('report');
+    expect(plain.enqueued[0]!.traceContext ?? null).toBeNull();
+  });
+
   it("enqueues one job now with the schedule's payload and options, keyed by the time, and wakes its queue", async () => {
     const t = admin(new Date('2026-12-01T10:00:00.437Z'));
     const result = await t.admin.trigger('report');

@@ -43,6 +43,7 @@ export class QueueProducer {
         ),
       changed: () => schedulerHost.wake(),
       enqueued: (queue) => runtime.producer.wake(queue),
+      tracer: runtime.tracer,
     });
   }
 

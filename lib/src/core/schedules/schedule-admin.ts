@@ -1,6 +1,8 @@
 import { SqlQueueValidationError } from '../errors.js';
 import type { QueueStore } from '../queue-store.js';
+import { NO_TRACING, type QueueTracer } from '../tracing.js';
 import type { EnqueueResult } from '../types.js';
+import { withTraceContext } from '../validation.js';
 import { nextTick } from './schedule-cron.js';
 import {
   assertScheduleId,
@@ -30,6 +32,8 @@ export interface ScheduleAdminDeps {
   changed(): void;
   /** A job was enqueued into `queue` (trigger): wake its readers, as an enqueue does. */
   enqueued(queue: string): void;
+  /** A trigger's send span and the trace context its job stores, as an enqueue's (none when absent). */
+  tracer?: QueueTracer;
 }
 
 /**
@@ -94,9 +98,13 @@ export class ScheduleAdmin {
     // Cron ticks fall on whole seconds: a trigger at a whole second moves 1 ms on, so its key
     // (schedule:<id>:<time>) can never be a tick's, which would make one of the two a duplicate.
     const at = now.getUTCMilliseconds() === 0 ? new Date(now.getTime() + 1) : now;
-    const [result] = await this.deps.store.enqueue([
-      scheduleTickJob(row, at, this.deps.defaultMaxAttemptsFor(row.queue)),
-    ]);
+    const job = scheduleTickJob(row, at, this.deps.defaultMaxAttemptsFor(row.queue));
+    // A trigger is a call someone made (an admin request): its job joins that trace, as an
+    // enqueue's does. Ticks fired by the scheduler carry none.
+    const [result] = await (this.deps.tracer ?? NO_TRACING).send(row.queue, null, (traceContext) => {
+      withTraceContext([job], traceContext);
+      return this.deps.store.enqueue([job]);
+    });
     this.deps.enqueued(row.queue);
     return { ...result!, tick: at };
   }
