@@ -3,20 +3,14 @@ import { Body, Controller, Inject, Module, Post, type INestApplication } from '@
 import { NestFactory } from '@nestjs/core';
 import { ScheduleModule } from '@nestjs/schedule';
 import { context, propagation, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
-import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
-import { W3CTraceContextPropagator } from '@opentelemetry/core';
-import {
-  BasicTracerProvider,
-  InMemorySpanExporter,
-  SimpleSpanProcessor,
-  type ReadableSpan,
-} from '@opentelemetry/sdk-trace-base';
+import { InMemorySpanExporter, type ReadableSpan } from '@opentelemetry/sdk-trace-base';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { QueueProducer, SqlQueueModule, type SqlQueueModuleOptions } from '../../lib/src/index.js';
 import { CaptureLogger } from '../helpers/capture-logger.js';
 import { dropPgSchema, PG_URL, sql, uniqueSchema } from '../helpers/databases.js';
 import { killAllWorkers, WorkerProcess, type WorkerMessage } from '../helpers/worker-process.js';
+import { registerOtelSdk, unregisterOtelSdk } from '../helpers/otel.js';
 import { waitFor } from '../helpers/wait-for.js';
 import type { SpanMessage, TracingWorkerConfig } from '../workers/tracing-worker.js';
 
@@ -34,11 +28,7 @@ const workers: WorkerProcess[] = [];
 const apps: INestApplication[] = [];
 const tracer = () => trace.getTracer('test');
 
-beforeAll(() => {
-  trace.setGlobalTracerProvider(new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(exporter)] }));
-  context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
-  propagation.setGlobalPropagator(new W3CTraceContextPropagator());
-});
+beforeAll(() => registerOtelSdk(exporter));
 
 afterEach(async () => {
   await Promise.all([...apps.splice(0).map((app) => app.close()), ...workers.splice(0).map((worker) => worker.stop())]);
@@ -47,9 +37,7 @@ afterEach(async () => {
 
 afterAll(async () => {
   await killAllWorkers();
-  trace.disable();
-  context.disable();
-  propagation.disable();
+  unregisterOtelSdk();
   await dropPgSchema(schema);
 });
 

@@ -8,19 +8,13 @@ import {
   type Context,
   type TextMapPropagator,
 } from '@opentelemetry/api';
-import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
-import { W3CTraceContextPropagator } from '@opentelemetry/core';
-import {
-  BasicTracerProvider,
-  InMemorySpanExporter,
-  SimpleSpanProcessor,
-  type ReadableSpan,
-} from '@opentelemetry/sdk-trace-base';
+import { InMemorySpanExporter, type ReadableSpan } from '@opentelemetry/sdk-trace-base';
 import { afterEach, describe, expect, it } from 'vitest';
 import { decodeTraceCarrier } from '../../lib/src/core/tracing.js';
 import type { ClaimedJob, EnqueueResult } from '../../lib/src/core/types.js';
 import { OtelQueueTracer, type OtelTracerOptions } from '../../lib/src/tracing/otel.tracer.js';
 import { claimedJob } from '../helpers/engine.js';
+import { registerOtelSdk, unregisterOtelSdk } from '../helpers/otel.js';
 
 /**
  * The OpenTelemetry tracer in one process, against the SDK's in-memory exporter: the spans'
@@ -30,19 +24,9 @@ import { claimedJob } from '../helpers/engine.js';
 
 const OPTIONS: OtelTracerOptions = { consumerSpan: 'child', claimSpans: false, reaperSpans: false, clientId: 'w-1' };
 
-function registerSdk(): InMemorySpanExporter {
-  const exporter = new InMemorySpanExporter();
-  trace.setGlobalTracerProvider(new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(exporter)] }));
-  context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
-  propagation.setGlobalPropagator(new W3CTraceContextPropagator());
-  return exporter;
-}
+const registerSdk = () => registerOtelSdk(new InMemorySpanExporter());
 
-afterEach(() => {
-  trace.disable();
-  context.disable();
-  propagation.disable();
-});
+afterEach(unregisterOtelSdk);
 
 /** An enqueue of `count` jobs through the tracer, as the producer makes one; returns the stored context. */
 async function send(tracer: OtelQueueTracer, batchSize: number | null = null): Promise<string | null> {

@@ -12,16 +12,11 @@ import 'reflect-metadata';
 import { Injectable, Logger, Module } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { ScheduleModule } from '@nestjs/schedule';
-import { context, propagation, trace } from '@opentelemetry/api';
-import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
-import { ExportResultCode, W3CTraceContextPropagator, type ExportResult } from '@opentelemetry/core';
-import {
-  BasicTracerProvider,
-  SimpleSpanProcessor,
-  type ReadableSpan,
-  type SpanExporter,
-} from '@opentelemetry/sdk-trace-base';
+import { trace } from '@opentelemetry/api';
+import { ExportResultCode, type ExportResult } from '@opentelemetry/core';
+import { type ReadableSpan, type SpanExporter } from '@opentelemetry/sdk-trace-base';
 import { QueueHandler, SqlQueueModule, type JobContext, type QueueJobHandler } from '../../lib/src/index.js';
+import { registerOtelSdk } from '../helpers/otel.js';
 import type { WorkerConfig } from './nest-worker.js';
 import { LineLogger, send, workerModuleOptions, workerQueueOptions } from './worker-ipc.js';
 
@@ -70,11 +65,7 @@ class IpcExporter implements SpanExporter {
   }
 }
 
-trace.setGlobalTracerProvider(
-  new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(new IpcExporter())] }),
-);
-context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
-propagation.setGlobalPropagator(new W3CTraceContextPropagator());
+registerOtelSdk(new IpcExporter());
 
 @Injectable()
 @QueueHandler(config.queue, { ...workerQueueOptions(config, 1), maxAttempts: 5 })
