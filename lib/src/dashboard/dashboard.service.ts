@@ -3,7 +3,7 @@ import { ModuleRef } from '@nestjs/core';
 import { SqlQueueConfigError, SqlQueueValidationError } from '../core/errors.js';
 import { checkJobListRequest } from '../core/job-list-cursor.js';
 import { assertJobId } from '../core/producer.js';
-import { emptyQueueHealth } from '../core/queue-metrics.js';
+import { THROUGHPUT_MAX_MINUTES } from '../core/throughput/index.js';
 import type { ScheduleRecord } from '../core/schedules/schedule.types.js';
 import type {
   AttemptRecord,
@@ -108,36 +108,29 @@ export class SqlQueueDashboardService implements OnModuleInit {
    */
   async overview(): Promise<DashboardOverview> {
     const { runtime, metrics, throughput } = this.parts;
-    const [reading, recent] = await Promise.all([
+    // Only names are wanted from it: a failed reading just lists fewer empty queues.
+    const recent = await throughput.get(60).then(
+      (r) => r.buckets.map((b) => b.queue),
+      () => [],
+    );
+    const reading = await metrics.readDatabase({
       // As fresh as the page refreshes (never fresher than scrapes get: open tabs share it too).
-      metrics.readDatabase({ maxAgeMs: Math.min(this.options.refreshMs, metrics.options.cacheMs) }),
-      // Only names are wanted from it: a failed reading just lists fewer empty queues.
-      throughput.get(60).then(
-        (r) => r.buckets.map((b) => b.queue),
-        () => [],
-      ),
-    ]);
-    let queues = reading.queues;
-    if (reading.ok) {
-      const present = new Set(queues.map((q) => q.queue));
-      const missing = new Set([...runtime.handlerOptions.keys(), ...recent].filter((name) => !present.has(name)));
-      queues = [...queues, ...[...missing].map(emptyQueueHealth)].sort((a, b) =>
-        a.queue < b.queue ? -1 : a.queue > b.queue ? 1 : 0,
-      );
-    }
+      maxAgeMs: Math.min(this.options.refreshMs, metrics.options.cacheMs),
+      alsoQueues: [...runtime.handlerOptions.keys(), ...recent],
+    });
     return {
       now: new Date(),
       readOnly: this.options.readOnly,
       refreshMs: this.options.refreshMs,
       failureWindowMs: metrics.options.failureWindowMs,
       databaseError: reading.error,
-      queues,
+      queues: reading.queues,
     };
   }
 
-  /** Per-minute outcomes over the last `minutes` (1..1440, default 60), read at most once per 15 s per window. */
+  /** Per-minute outcomes over the last `minutes` (1..THROUGHPUT_MAX_MINUTES, default 60), read at most once per 15 s per window. */
   async throughput(minutes: unknown): Promise<DashboardThroughput> {
-    const window = intParam('minutes', minutes, 60, 1, 1440);
+    const window = intParam('minutes', minutes, 60, 1, THROUGHPUT_MAX_MINUTES);
     const reading = await this.parts.throughput.get(window);
     return { now: reading.now, minutes: window, buckets: reading.buckets };
   }

@@ -136,15 +136,16 @@ export class SqlQueueMetrics {
 
   /**
    * Database figures of every queue (those with live jobs or recent failures, plus the known
-   * queues as zeros). Reuses a reading younger than `maxAgeMs` (default `metrics.cacheMs`),
+   * queues and `alsoQueues` as zeros). Reuses a reading younger than `maxAgeMs` (default `metrics.cacheMs`),
    * never waits longer than `metrics.timeoutMs`, never throws: a failed reading has
    * `ok: false` and the reason.
    */
-  async readDatabase(options: { maxAgeMs?: number } = {}): Promise<QueueHealthReading> {
+  async readDatabase(options: { maxAgeMs?: number; alsoQueues?: Iterable<string> } = {}): Promise<QueueHealthReading> {
     const reading = await this.reader.read(options.maxAgeMs);
     if (!reading.ok) return reading;
     const present = new Set(reading.queues.map((q) => q.queue));
-    const missing = this.knownQueues().filter((queue) => !present.has(queue));
+    const known = new Set([...this.knownQueues(), ...(options.alsoQueues ?? [])]);
+    const missing = [...known].filter((queue) => !present.has(queue));
     if (missing.length === 0) return reading;
     const queues = [...reading.queues, ...missing.map(emptyQueueHealth)].sort((a, b) =>
       a.queue < b.queue ? -1 : a.queue > b.queue ? 1 : 0,
