@@ -6,6 +6,7 @@ import { prepareJob } from '../../lib/src/core/validation.js';
 import { MSSQL_MIGRATIONS } from '../../lib/src/store/mssql/mssql.migrations.js';
 import { MSSQL_OPEN_TRANSACTION, mssqlQueries } from '../../lib/src/store/mssql/mssql.queries.js';
 import { MssqlQueueStore } from '../../lib/src/store/mssql/mssql.store.js';
+import { isLockConflict } from '../../lib/src/store/mssql/mssql.errors.js';
 
 /** One request the store sent: the statement's name (found by its text) and its bound inputs. */
 interface Sent {
@@ -140,6 +141,20 @@ describe('MssqlQueueStore refuses a connection with an open transaction (issue 1
     });
     expect(await store.hasClaimableWork('mail')).toBe(true);
     expect(calls).toBe(2);
+  });
+
+  it('retries error 601 (a NOLOCK scan lost its place) as a deadlock is retried (review 2, R2-7)', async () => {
+    let calls = 0;
+    const { store } = scriptedStore(() => {
+      calls++;
+      if (calls === 1) throw serverError(601, 'Could not continue scan with NOLOCK due to data movement.');
+      return [{ Id: '1', Outcome: 'ok' }];
+    });
+    expect(await store.complete([{ id: '1', claimToken: '00000000-0000-0000-0000-000000000000' }])).toEqual([
+      { id: '1', outcome: 'ok' },
+    ]);
+    expect(calls).toBe(2);
+    expect(isLockConflict(serverError(601, 'scan'))).toBe(true);
   });
 });
 

@@ -2,6 +2,13 @@
 export const MSSQL_DEADLOCK = 1205;
 /** Lock request time out (only with SET LOCK_TIMEOUT). */
 export const MSSQL_LOCK_TIMEOUT = 1222;
+/**
+ * "Could not continue scan with NOLOCK due to data movement": a READUNCOMMITTED read (complete,
+ * fail, release, reap, the group claim and the repair sweep read Jobs that way) lost its place.
+ * Table hints, READUNCOMMITTED: "resolve it as you would a deadlock error (error message 1205),
+ * and retry your statement" (https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table).
+ */
+export const MSSQL_NOLOCK_DATA_MOVEMENT = 601;
 
 /**
  * THROWn by enqueue when sp_getapplock does not grant an idempotency key's lock (timeout,
@@ -16,7 +23,12 @@ export const MSSQL_KEY_LOCK_REFUSED = 51003;
  * XACT_ABORT", so with it on the transaction is doomed and rolled back; either way it is the
  * caller's to roll back and retry).
  */
-const LOCK_CONFLICTS = new Set([MSSQL_DEADLOCK, MSSQL_LOCK_TIMEOUT, MSSQL_KEY_LOCK_REFUSED]);
+const LOCK_CONFLICTS = new Set([
+  MSSQL_DEADLOCK,
+  MSSQL_LOCK_TIMEOUT,
+  MSSQL_KEY_LOCK_REFUSED,
+  MSSQL_NOLOCK_DATA_MOVEMENT,
+]);
 
 /**
  * Connection-level and Azure SQL throttling errors after which the next attempt may succeed:
