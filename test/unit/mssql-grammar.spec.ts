@@ -600,6 +600,26 @@ describe('keyed enqueue (issue 10, C1/C2/C4/P6/S2)', () => {
     }
   });
 
+  it.each(enqueues)(
+    "%s reads the clock once, cut to the millisecond, for the job's state and RunAt (review 2, R2-9)",
+    (_name, text) => {
+      const now = text.indexOf('DECLARE @now datetime2(7) = SYSUTCDATETIME();\n');
+      expect(now).toBeGreaterThan(0);
+      expect(text.slice(now)).toMatch(
+        /^DECLARE @now datetime2\(7\) = SYSUTCDATETIME\(\);\nSET @now = DATEADD\(nanosecond, -\(DATEPART\(nanosecond, @now\) % 1000000\), @now\);\n/,
+      );
+      const insert = text.slice(text.indexOf('INSERT INTO [sqlqueue].[Jobs]'));
+      const values = insert.slice(0, insert.search(/;\n/));
+      // The state test and RunAt both use @now: a job due now is stored due by the clock of any later claim.
+      expect(values).toMatch(
+        /CASE WHEN COALESCE\((?:@runAt|i\.\[RunAt\]), [^]*@now\)+ > @now THEN 'delayed' ELSE 'ready' END/,
+      );
+      expect(values).not.toContain('SYSUTCDATETIME()');
+      // A plain CAST to datetime2(3) rounds; the cut is exact.
+      expect(text).not.toMatch(/CAST\(SYSUTCDATETIME\(\) AS datetime2\(3\)\)/);
+    },
+  );
+
   it('both statements lock a key under the same resource name', () => {
     const resource = (text: string, queue: string, key: string) => {
       const m =
@@ -940,9 +960,10 @@ describe('ordered groups (issue 11)', () => {
 
   it('statements without a group key keep the exact text and cost they had before issue 11', () => {
     const sha = (text: string) => createHash('sha256').update(text).digest('hex');
-    // Pinned again by issue 15, whose only change to them is the trace context column (and JobInputListV3).
-    expect(sha(queries.enqueueOne)).toBe('d434e9507486e8701efd6bbe76e5edf74e95c578c06e56cc8768430f2f4b526b');
-    expect(sha(queries.enqueueMany)).toBe('27c07970ede584f1b48afb830ab399bc5d55321e567e586b3b0da8b7f4c7452f');
+    // Pinned again by issue 15, whose only change to them is the trace context column (and JobInputListV3),
+    // and by review 2 (R2-9), whose only change is the enqueue's now read once (ENQUEUE_NOW).
+    expect(sha(queries.enqueueOne)).toBe('906e47a37f01fdfb360f50be024176f87402882e22d43725bed274b7122ed91e');
+    expect(sha(queries.enqueueMany)).toBe('6a82f299d8539776ed95b47cb8867d614d7a1e6427d6b9ceb48953c5a8fa4f4e');
   });
 
   it('cleanup never deletes the dead job that blocks its group', () => {

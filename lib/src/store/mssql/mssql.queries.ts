@@ -242,6 +242,20 @@ END;
 `;
 
 /**
+ * The enqueue's now, read once and cut to the millisecond: RunAt and State are both set from it.
+ * SYSUTCDATETIME() is datetime2(7), and storing it in a datetime2(3) column rounds, so half of
+ * the enqueues without a delay stored a RunAt up to 0.5 ms past the statement's clock while the
+ * claim compares with an unrounded SYSUTCDATETIME(): a claim within that half millisecond missed
+ * the job. A CAST to datetime2(3) would round too (datetime2, "Converting date and time data");
+ * subtracting the sub-millisecond nanoseconds makes the value exact at datetime2(3), so the
+ * stored RunAt is never later than the clock of a claim that follows. DATEPART(nanosecond, …)
+ * of a datetime2 counts in units of 100 ns, at most 999,999,900, so the offset fits DATEADD's int.
+ */
+const ENQUEUE_NOW = `DECLARE @now datetime2(7) = SYSUTCDATETIME();
+SET @now = DATEADD(nanosecond, -(DATEPART(nanosecond, @now) % 1000000), @now);
+`;
+
+/**
  * The application-lock resource of one idempotency key: the schema, queue and key hashed
  * (SHA2_256; queue and schema names cannot contain '/'), as 64 hex digits without 0x (CONVERT
  * binary style 2, https://learn.microsoft.com/sql/t-sql/functions/cast-and-convert-transact-sql),
@@ -777,11 +791,12 @@ export function mssqlQueries(schema: string): MssqlQueries {
   const groups = `${s}.[Groups]`;
   const throughput = `${s}.[Throughput]`;
 
-  // A job whose RunAt is later than the statement's time waits as 'delayed', outside the ready
-  // index the claim reads; the claim promotes it once due (see claim).
-  const oneRunAt = `COALESCE(@runAt, ${shiftedNow('@delayMs', 1)})`;
-  const manyRunAt = `COALESCE(i.[RunAt], ${shiftedNow('i.[DelayMs]', 1)})`;
-  const stateFor = (runAt: string) => `CASE WHEN ${runAt} > SYSUTCDATETIME() THEN 'delayed' ELSE 'ready' END`;
+  // A job whose RunAt is later than the enqueue's now waits as 'delayed', outside the ready
+  // index the claim reads; the claim promotes it once due (see claim). Both read ENQUEUE_NOW,
+  // taken once and cut to the millisecond (review 2, R2-9).
+  const oneRunAt = `COALESCE(@runAt, ${shiftedNow('@delayMs', 1, '@now')})`;
+  const manyRunAt = `COALESCE(i.[RunAt], ${shiftedNow('i.[DelayMs]', 1, '@now')})`;
+  const stateFor = (runAt: string) => `CASE WHEN ${runAt} > @now THEN 'delayed' ELSE 'ready' END`;
 
   // Ordered groups: the new job joins its group (activateGroups, for one job): an existing row
   // is read (locking read) and headed by the job if idle or headed by a later one; a missing row
@@ -810,7 +825,7 @@ ${lowestPerGroupInto('@inserted', '  ')}
 ${activateGroups(schema, groups)}`;
   const enqueueOne = (
     grouped: boolean,
-  ) => `${ENQUEUE_SESSION}DECLARE @id bigint, @created bit = 1, @lock int, @refused nvarchar(2048);
+  ) => `${ENQUEUE_SESSION}${ENQUEUE_NOW}DECLARE @id bigint, @created bit = 1, @lock int, @refused nvarchar(2048);
 ${reserveIds('1', sequence)}
 ${grouped ? 'DECLARE @headAt datetime2(3);\n' : ''}DECLARE @jobMaxAttempts int = @maxAttempts, @resource nvarchar(255);
 IF @jobMaxAttempts IS NULL
@@ -834,7 +849,7 @@ ${grouped ? joinGroupOne : ''}  END;`)}
 SELECT CAST(@id AS varchar(20)) AS [Id], @created AS [Created];`;
   const enqueueMany = (
     grouped: boolean,
-  ) => `${ENQUEUE_SESSION}${grouped ? INSERTED_GROUPED : 'DECLARE @inserted TABLE ([Id] bigint NOT NULL PRIMARY KEY);\n'}DECLARE @keys TABLE (
+  ) => `${ENQUEUE_SESSION}${ENQUEUE_NOW}${grouped ? INSERTED_GROUPED : 'DECLARE @inserted TABLE ([Id] bigint NOT NULL PRIMARY KEY);\n'}DECLARE @keys TABLE (
   [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
   [IdempotencyKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL,
   [Ord] int NOT NULL, [ExistingId] bigint NULL,
