@@ -67,7 +67,7 @@ describe('nestjs-sql-queue sql', () => {
 
   it('--from the latest version prints no migration but a valid, repeatable script', async () => {
     expect(PG_LATEST_VERSION).toBe(7);
-    expect(MSSQL_LATEST_VERSION).toBe(9);
+    expect(MSSQL_LATEST_VERSION).toBe(10);
     const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '7');
     expect(pg.code).toBe(0);
     expect(pg.stdout).toBe(pgInstallScript('demo', 7));
@@ -76,9 +76,9 @@ describe('nestjs-sql-queue sql', () => {
     expect(pg.stdout).toContain('BEGIN;');
     expect(pg.stdout).toContain('COMMIT;');
 
-    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', '9');
+    const mssql = await cli('sql', '--dialect', 'mssql', '--schema', 'demo', '--from', String(MSSQL_LATEST_VERSION));
     expect(mssql.code).toBe(0);
-    expect(mssql.stdout).toBe(mssqlInstallScript('demo', 9));
+    expect(mssql.stdout).toBe(mssqlInstallScript('demo', MSSQL_LATEST_VERSION));
     expect(mssql.stdout).not.toContain('INSERT INTO');
     expect(mssql.stdout).not.toContain('[Jobs]');
   });

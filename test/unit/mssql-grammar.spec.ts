@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import {
   MSSQL_MIGRATIONS,
+  MSSQL_ROW_LOCKED_TABLES,
   mssqlBootstrap,
   mssqlDropSchema,
   mssqlInstallScript,
@@ -440,11 +441,12 @@ function indexesAfterMigrations(): Map<string, IndexModel> {
   for (const migration of MSSQL_MIGRATIONS) {
     for (const batch of migration.batches('sqlqueue')) {
       const m =
-        /^CREATE (?:UNIQUE )?NONCLUSTERED INDEX \[(\w+)\] ON \[sqlqueue\]\.\[(\w+)\] \(([^)]*)\)(?: INCLUDE \(([^)]*)\))?(?: WHERE (.+?))?( WITH \(DROP_EXISTING = ON\))?;$/.exec(
+        /^CREATE (?:UNIQUE )?NONCLUSTERED INDEX \[(\w+)\] ON \[sqlqueue\]\.\[(\w+)\] \(([^)]*)\)(?: INCLUDE \(([^)]*)\))?(?: WHERE (.+?))?(?: WITH \(([^)]*)\))?;$/.exec(
           batch,
         );
       if (!m) continue;
-      const [, name, table, keys, include, filter, dropExisting] = m;
+      const [, name, table, keys, include, filter, withOptions] = m;
+      const dropExisting = /\bDROP_EXISTING = ON\b/.test(withOptions ?? '');
       expect(indexes.has(name!), `${name}: DROP_EXISTING exactly when it exists (version ${migration.version})`).toBe(
         !!dropExisting,
       );
@@ -455,6 +457,43 @@ function indexesAfterMigrations(): Map<string, IndexModel> {
 }
 
 describe('SQL Server migrations', () => {
+  it('leave page locks off on every index of the tables READPAST reads, present and future (review 2, R2-8)', () => {
+    // Replays the migrations: an index is created with page locks on unless it says otherwise,
+    // ALTER INDEX ALL … SET (ALLOW_PAGE_LOCKS = OFF) turns them off on the table's indexes, and a
+    // DROP_EXISTING re-creation turns them on again unless it says OFF itself.
+    const pageLocks = new Map<string, { table: string; on: boolean }>();
+    for (const migration of MSSQL_MIGRATIONS) {
+      for (const batch of migration.batches('sqlqueue')) {
+        const table = /^CREATE TABLE \[sqlqueue\]\.\[(\w+)\]/.exec(batch)?.[1];
+        for (const pk of batch.matchAll(/CONSTRAINT \[(\w+)\] PRIMARY KEY/g))
+          pageLocks.set(pk[1]!, { table: table!, on: true });
+        const index =
+          /^CREATE (?:UNIQUE )?(?:NON)?CLUSTERED INDEX \[(\w+)\] ON \[sqlqueue\]\.\[(\w+)\][^]*?(?: WITH \(([^)]*)\))?;$/.exec(
+            batch,
+          );
+        if (index) pageLocks.set(index[1]!, { table: index[2]!, on: !/ALLOW_PAGE_LOCKS = OFF/.test(index[3] ?? '') });
+        const all = /^ALTER INDEX ALL ON \[sqlqueue\]\.\[(\w+)\] SET \(ALLOW_PAGE_LOCKS = OFF\);$/.exec(batch);
+        if (all) for (const entry of pageLocks.values()) if (entry.table === all[1]) entry.on = false;
+      }
+    }
+    const claimPath = [...pageLocks].filter(([, { table }]) =>
+      (MSSQL_ROW_LOCKED_TABLES as readonly string[]).includes(table),
+    );
+    expect(claimPath.map(([name]) => name)).toEqual(
+      expect.arrayContaining(['PK_Jobs', 'IX_Jobs_Claim', 'IX_Jobs_Delayed', 'IX_Jobs_Leased', 'IX_Jobs_Group']),
+    );
+    expect(claimPath.map(([name]) => name)).toEqual(
+      expect.arrayContaining([
+        'PK_Groups',
+        'IX_Groups_Claimable',
+        'IX_Groups_Waiting',
+        'PK_Schedules',
+        'IX_Schedules_Due',
+      ]),
+    );
+    expect(claimPath.filter(([, { on }]) => on).map(([name]) => name)).toEqual([]);
+  });
+
   it('are numbered 1..n without gaps, the latest last', () => {
     expect(MSSQL_MIGRATIONS.map((m) => m.version)).toEqual(MSSQL_MIGRATIONS.map((_, i) => i + 1));
   });

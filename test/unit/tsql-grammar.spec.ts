@@ -296,6 +296,18 @@ const GAP_CASES: Record<string, { valid: string[]; broken: string[] }> = {
     ],
     broken: ['GRANT RECEIVE ON dbo.q TO;', 'GRANT SEND ON SERVICE:[x] TO [p];', 'GRANT FLY ON dbo.q TO [p];'],
   },
+  'alter-index-set': {
+    valid: [
+      'ALTER INDEX ALL ON [s].[Jobs] SET (ALLOW_PAGE_LOCKS = OFF);',
+      'alter index [PK_Jobs] on [s].[Jobs] set (optimize_for_sequential_key = on, allow_page_locks = off)',
+    ],
+    broken: [
+      'ALTER INDEX ALL ON [s].[Jobs] SET ALLOW_PAGE_LOCKS = OFF;',
+      'ALTER INDEX ALL ON [s].[Jobs] SET (ALLOW_PAGE_LOCKS = NO);',
+      'ALTER INDEX ALL [s].[Jobs] SET (ALLOW_PAGE_LOCKS = OFF);',
+      'ALTER INDEX ALL ON [s].[Jobs] SET (PAGE_LOCKS = OFF);',
+    ],
+  },
 };
 
 /**

@@ -31,6 +31,9 @@ export interface MssqlMigration {
  * exactly as in PostgreSQL: 'Order-1' and 'order-1' are different keys whatever the
  * database's default (usually case-insensitive) collation is.
  */
+/** The tables whose every index keeps page locks off from version 10 on (READPAST reads them). */
+export const MSSQL_ROW_LOCKED_TABLES = ['Jobs', 'Groups', 'Schedules'] as const;
+
 export const MSSQL_MIGRATIONS: readonly MssqlMigration[] = [
   {
     version: 1,
@@ -477,6 +480,28 @@ WHERE h.[Nth] = 1;`,
   [TraceContext] varchar(2048) NULL
 );`,
       ];
+    },
+  },
+  {
+    version: 10,
+    description: 'row locks only on jobs, groups and schedules',
+    // Review 2, R2-8. The claim, the delayed-job promotion, the reaper, the group claim and the
+    // schedule fire read with READPAST, which "skips row-level locks, but page-level locks aren't
+    // skipped" (Table hints, READPAST), and they cannot carry ROWLOCK: it shares the granularity
+    // slot with READCOMMITTEDLOCK (see CLAIM_HINTS). Had the optimizer chosen page locks for
+    // their range reads, other claimers would wait behind them instead of skipping, and a claim
+    // moving a row from IX_Jobs_Claim into IX_Jobs_Leased could deadlock with a reaper moving one
+    // back (each holding a page U lock the other needs IX on). With page locks switched off on
+    // every index of these tables, row locks are the only ones below the table, whatever the plan
+    // (https://learn.microsoft.com/sql/t-sql/statements/alter-index-transact-sql, ALLOW_PAGE_LOCKS).
+    // Costs: more lock memory for large scans (our statements take at most a few thousand rows, below
+    // the 5,000 locks at which SQL Server escalates to a table lock), and index maintenance must
+    // REBUILD these indexes, as REORGANIZE refuses an index without page locks. Every index a later
+    // migration creates on these tables says ALLOW_PAGE_LOCKS = OFF itself (a unit test checks it);
+    // SET changes metadata only.
+    batches: (schema) => {
+      const s = quoteMssqlIdentifier(schema);
+      return MSSQL_ROW_LOCKED_TABLES.map((table) => `ALTER INDEX ALL ON ${s}.[${table}] SET (ALLOW_PAGE_LOCKS = OFF);`);
     },
   },
 ];
