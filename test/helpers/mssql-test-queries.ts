@@ -23,9 +23,24 @@ WHERE d.[database_id] = DB_ID();`;
 /** Whether this login may read the lock and extended-event DMVs. */
 export const VIEW_SERVER_STATE = `SELECT HAS_PERMS_BY_NAME(NULL, NULL, N'VIEW SERVER STATE') AS [Granted];`;
 
-/** The session a request ran on, its open transactions and its IMPLICIT_TRANSACTIONS bit. */
-export const SESSION_STATE = `SELECT @@SPID AS [Spid], @@TRANCOUNT AS [TranCount], @@OPTIONS & 2 AS [ImplicitTransactions],
-  (SELECT [deadlock_priority] FROM sys.dm_exec_sessions WHERE [session_id] = @@SPID) AS [DeadlockPriority];`;
+/**
+ * The session a request ran on, its open transactions and its IMPLICIT_TRANSACTIONS bit. Reads no
+ * table (review 2, R2-2): under IMPLICIT_TRANSACTIONS ON a SELECT from a table begins a transaction,
+ * except "SELECT statements that do not select from a table"
+ * (https://learn.microsoft.com/sql/t-sql/statements/set-implicit-transactions-transact-sql), and a
+ * DMV may count as one, so the probe would open the very transaction it measures. What only a
+ * DMV shows is read from another connection by spid (SESSION_OF_SPID).
+ */
+export const SESSION_STATE = `SELECT @@SPID AS [Spid], @@TRANCOUNT AS [TranCount], @@OPTIONS & 2 AS [ImplicitTransactions];`;
+
+/**
+ * @spid: that session's deadlock priority and open transactions, as sys.dm_exec_sessions shows
+ * them, read from another connection (SESSION_STATE must stay table-free). No row when the session
+ * is gone, or when the login lacks VIEW SERVER STATE: without it "everyone can see their own
+ * session information" only.
+ */
+export const SESSION_OF_SPID = `SELECT [deadlock_priority] AS [DeadlockPriority], [open_transaction_count] AS [OpenTransactions]
+FROM sys.dm_exec_sessions WHERE [session_id] = @spid;`;
 
 /**
  * Session state an application can leave on a pooled connection. Sent with `batch()` (a plain
@@ -50,6 +65,31 @@ LEFT JOIN sys.partitions AS p
 LEFT JOIN sys.indexes AS i ON i.[object_id] = p.[object_id] AND i.[index_id] = p.[index_id]
 WHERE l.[request_session_id] = @spid AND l.[resource_database_id] = DB_ID() AND l.[resource_type] <> 'DATABASE'
 ORDER BY l.[resource_type], l.[request_mode], l.[resource_description];`;
+
+/**
+ * @schema: the PAGE locks any session holds or waits for on the schema's Jobs and Groups tables,
+ * one row per lock and requester, named by index (review 2, R2-8: READPAST "skips row-level
+ * locks, but page-level locks aren't skipped", and schema version 10 turns page locks off on every
+ * index of those tables). A PAGE lock names its index through resource_associated_entity_id, the
+ * HoBt id, which sys.dm_tran_locks says "is not always available for PAGE resources": such a lock
+ * cannot be placed on a table and is not listed.
+ */
+export const PAGE_LOCKS_ON_QUEUE_TABLES = `SELECT l.[request_session_id] AS [Session], l.[request_mode] AS [Mode], l.[request_status] AS [Status],
+  l.[resource_description] AS [Resource], o.[name] AS [Object], i.[name] AS [Index]
+FROM sys.dm_tran_locks AS l
+INNER JOIN sys.partitions AS p ON p.[hobt_id] = l.[resource_associated_entity_id]
+INNER JOIN sys.objects AS o ON o.[object_id] = p.[object_id]
+LEFT JOIN sys.indexes AS i ON i.[object_id] = p.[object_id] AND i.[index_id] = p.[index_id]
+WHERE l.[resource_type] = 'PAGE' AND l.[resource_database_id] = DB_ID()
+  AND o.[schema_id] = SCHEMA_ID(@schema) AND o.[name] IN (N'Jobs', N'Groups');`;
+
+/** @schema: every index (and heap) of the schema's tables, with whether it allows row and page locks. */
+export const INDEX_LOCK_OPTIONS = `SELECT t.[name] AS [Table], COALESCE(i.[name], N'(heap)') AS [Index],
+  CAST(i.[allow_row_locks] AS int) AS [AllowRowLocks], CAST(i.[allow_page_locks] AS int) AS [AllowPageLocks]
+FROM sys.indexes AS i
+INNER JOIN sys.tables AS t ON t.[object_id] = i.[object_id]
+WHERE t.[schema_id] = SCHEMA_ID(@schema) AND i.[is_hypothetical] = 0
+ORDER BY t.[name], i.[index_id];`;
 
 /**
  * The queue's jobs that no one holds a lock on (READPAST skips locked rows; READCOMMITTEDLOCK
@@ -353,12 +393,15 @@ export function everyTestStatement(schema: string): [string, string][] {
     ['database settings', DATABASE_SETTINGS],
     ['view server state', VIEW_SERVER_STATE],
     ['session state', SESSION_STATE],
+    ['session of spid', SESSION_OF_SPID],
     ['leave rowcount 1', LEAVE_ROWCOUNT_1],
     ['leave implicit transactions', LEAVE_IMPLICIT_TRANSACTIONS],
     ['leave snapshot isolation', LEAVE_SNAPSHOT_ISOLATION],
     ['rowcount probe', ROWCOUNT_PROBE],
     ['rollback leftover', ROLLBACK_LEFTOVER],
     ['locks of session', LOCKS_OF_SESSION],
+    ['page locks on queue tables', PAGE_LOCKS_ON_QUEUE_TABLES],
+    ['index lock options', INDEX_LOCK_OPTIONS],
     ['unlocked jobs', unlockedJobs(schema)],
     ['claim hints with rowlock', claimHintsWithRowlock(schema)],
     ['start snapshot', startSnapshot(schema)],

@@ -3,6 +3,7 @@ import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
 import * as adminQueries from '../../lib/src/broker/broker.admin.queries.js';
 import * as senderQueries from '../../lib/src/broker/broker.sender.queries.js';
 import type { ResolvedBrokerQueue } from '../../lib/src/broker/broker.types.js';
+import { isLockConflict } from '../../lib/src/store/mssql/mssql.errors.js';
 import { checkTsqlWithKnownGaps } from '../helpers/tsql-grammar.js';
 
 /** Default names, and explicit ones in another schema. */
@@ -95,6 +96,57 @@ describe('every T-SQL batch of the broker sender, initiator reader and dead-mess
       expect(text).toContain('SET XACT_ABORT OFF;');
       expect(text).toMatch(/XACT_STATE\(\) AS \[XactState\];$/);
     }
+  });
+
+  describe('lockDialog (review 2, R2-3): a per-key application lock, no key-range lock', () => {
+    const text = senderQueries.lockDialog('sqlqueue');
+    const resourceOf = (batch: string) => /@resource nvarchar\(255\) = ([^;]+);/.exec(batch)?.[1];
+
+    it('reads the row with UPDLOCK alone: no HOLDLOCK, SERIALIZABLE or other range-locking hint', () => {
+      expect(text).not.toMatch(/HOLDLOCK|SERIALIZABLE|REPEATABLEREAD|TABLOCK/);
+      expect(text).toContain(
+        'FROM [sqlqueue].[BrokerDialogs] WITH (UPDLOCK)\nWHERE [Queue] = @queue AND [DialogKey] = @dialogKey;',
+      );
+    });
+
+    it("takes sp_getapplock with LockOwner 'Transaction' before the SELECT, and only inside a transaction", () => {
+      const lock = text.indexOf(
+        "EXEC @lock = sys.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction';",
+      );
+      expect(lock).toBeGreaterThan(0);
+      expect(lock).toBeLessThan(text.indexOf('SELECT [ConversationHandle]'));
+      expect(text.indexOf('IF @@TRANCOUNT = 0\n  THROW 51002, ')).toBe(0);
+    });
+
+    it('throws 51003 (a lock conflict, as the store does for key locks) when sp_getapplock returns below 0', () => {
+      expect(text).toMatch(
+        /IF @lock < 0\nBEGIN\n\s+SET @refused = CONCAT\(N'nestjs-sql-queue: dialog key lock not granted[^\n]+\n\s+THROW 51003, @refused, 1;\nEND;/,
+      );
+      expect(text.indexOf('THROW 51003')).toBeLessThan(text.indexOf('SELECT [ConversationHandle]'));
+      expect(isLockConflict({ number: 51003 })).toBe(true);
+    });
+
+    it('locks per schema, queue and key: the same key in two schemas are two resources, within nvarchar(255)', () => {
+      const resource = resourceOf(text);
+      expect(resource).toBe(
+        "N'nestjs-sql-queue:dialog:' + CONVERT(nvarchar(64), HASHBYTES('SHA2_256', CONCAT(N'sqlqueue/', @queue, N'/', @dialogKey)), 2)",
+      );
+      // Same schema (whatever its case: resource names compare in binary): the same resource.
+      expect(resourceOf(senderQueries.lockDialog('SqlQueue'))).toBe(resource);
+      expect(resourceOf(senderQueries.lockDialog('other'))).not.toBe(resource);
+      expect(resourceOf(senderQueries.lockDialog('other'))).toContain("CONCAT(N'other/', @queue, N'/', @dialogKey)");
+      // The prefix and 64 hex digits of SHA2_256.
+      expect('nestjs-sql-queue:dialog:'.length + 64).toBeLessThanOrEqual(255);
+    });
+  });
+
+  it('settleEndedDialog reads the closing row with UPDLOCK alone (no range lock on the handle index)', () => {
+    const [, , queue] = queues()[0]!;
+    const text = senderQueries.settleEndedDialog('sqlqueue', queue);
+    expect(text).not.toMatch(/HOLDLOCK|SERIALIZABLE/);
+    expect(text).toContain(
+      "IF @state = 'C'\n  SELECT @dialogKey = [DialogKey], @state = [State]\n  FROM [sqlqueue].[BrokerDialogs] WITH (UPDLOCK)\n",
+    );
   });
 
   it('the gate rejects a broken SEND (the check is not vacuous)', () => {

@@ -1,5 +1,7 @@
 import { assertInteger } from '../core/validation.js';
+import { MSSQL_KEY_LOCK_REFUSED } from '../store/mssql/mssql.errors.js';
 import { quoteMssqlIdentifier } from '../store/mssql/mssql.identifiers.js';
+import { MSSQL_CALLER_TRANSACTION_GONE } from '../store/mssql/mssql.queries.js';
 import { brokerStringLiteral, quoteBrokerObject } from './broker.names.js';
 import type { ResolvedBrokerQueue } from './broker.types.js';
 
@@ -29,14 +31,73 @@ function outbox(schema: string): string {
 }
 
 /**
- * The key's dialog row, locked until the transaction ends: UPDLOCK so two senders of one key
- * cannot both read it and send out of order, HOLDLOCK so a missing row's key range is locked too
- * (two first sends of a key cannot both begin a dialog). AgeMs comes from the database clock.
- * Params: @queue, @dialogKey.
+ * The application-lock resource of one dialog key: the schema, queue and key hashed (SHA2_256;
+ * schema and queue names cannot contain '/'), as 64 hex digits without 0x (CONVERT binary style
+ * 2), under a prefix of its own: 88 characters, within sp_getapplock's nvarchar(255). The schema
+ * is lower-cased because resource names are "binary compared" while schema names are not. A hash
+ * collision only makes two keys' sends serialize; [DialogKey] compares in binary collation, so
+ * equal keys always hash alike. The store's keyLockResource (mssql.queries.ts) with another
+ * prefix, so a dialog key never shares a lock with an idempotency key of the same text.
+ */
+function dialogLockResource(schema: string, queue: string, dialogKey: string): string {
+  return `N'nestjs-sql-queue:dialog:' + CONVERT(nvarchar(64), HASHBYTES('SHA2_256', CONCAT(N'${schema.toLowerCase()}/', ${queue}, N'/', ${dialogKey})), 2)`;
+}
+
+/**
+ * The key's dialog row, read under the key's application lock, both held until the transaction
+ * ends (the sender's own, or the caller's: every send runs inside driver.begin()).
+ *
+ * - The application lock (sp_getapplock, @LockOwner = 'Transaction') serializes the sends of one
+ *   key, including two first sends: only one of them finds no row and begins a dialog. "When the
+ *   lock_owner value is Transaction ... sp_getapplock must be executed from within a
+ *   transaction", so the batch first refuses to run without one (a caller's transaction that an
+ *   earlier error rolled back on the server; the send would otherwise commit on its own). The
+ *   lock waits as any lock does (@@LOCK_TIMEOUT, else up to the request timeout). A result below
+ *   0 is no lock (-1 timeout, -2 cancelled, -3 deadlock victim, -999 call error), and "a deadlock
+ *   with an application lock does not roll back the transaction that requested the application
+ *   lock", so it is thrown as the store's MSSQL_KEY_LOCK_REFUSED: a lock conflict, for the
+ *   caller to roll back and retry
+ *   (https://learn.microsoft.com/sql/relational-databases/system-stored-procedures/sp-getapplock-transact-sql).
+ * - UPDLOCK on the row: a sender of the key holds it from this read to its SEND, so the initiator
+ *   reader's settleEndedDialog, which writes the row without the application lock, waits for it
+ *   (or reads past it) instead of ending the dialog under it.
+ *
+ * Why not UPDLOCK, HOLDLOCK, as before (review 2, R2-3): a serializable read of a missing key
+ * locks the range up to the next existing key ("Singleton fetch of nonexistent data",
+ * https://learn.microsoft.com/sql/relational-databases/sql-server-transaction-locking-and-row-versioning-guide),
+ * with RangeS-U, which is incompatible with RangeS-U and RangeI-N. With rising group keys every
+ * first send of a queue's new key fell in one gap, so it waited for the slowest open caller
+ * transaction that had sent a first message, and two callers opening two new keys each in
+ * crossing gaps deadlocked: the enqueue's C1/C2 (see keyedWork in mssql.queries.ts). The
+ * application lock is on the key itself, so the read needs no range lock: no one inserts the
+ * key's row without holding it except settleEndedDialog, which only replaces a row it holds.
+ * (A caller's SERIALIZABLE transaction still takes the range: a table hint cannot lower it, and
+ * "when UPDLOCK is specified, the READCOMMITTED and READCOMMITTEDLOCK isolation level hints are
+ * ignored".)
+ *
+ * No READCOMMITTEDLOCK: the store's key check needs it because it is a plain read, which under
+ * READ_COMMITTED_SNAPSHOT reads the last committed version instead of waiting for an uncommitted
+ * change. This read is not: UPDLOCK "specifies that update locks are to be taken and held until
+ * the transaction completes" (https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table),
+ * also where READ_COMMITTED_SNAPSHOT is on, and a U lock waits for another transaction's X lock,
+ * so it waits for settleEndedDialog's uncommitted delete or replacement of the row. The same page
+ * says READCOMMITTEDLOCK is ignored beside UPDLOCK, so adding it would change nothing.
+ *
+ * Duplicates the store's takeKeyLock (mssql.queries.ts) with its own message; the two could share
+ * one fragment. AgeMs comes from the database clock. Params: @queue, @dialogKey.
  */
 export function lockDialog(schema: string): string {
-  return `SELECT [ConversationHandle], [State], DATEDIFF_BIG(millisecond, [CreatedAt], SYSUTCDATETIME()) AS [AgeMs]
-FROM ${dialogs(schema)} WITH (UPDLOCK, HOLDLOCK)
+  return `IF @@TRANCOUNT = 0
+  THROW ${MSSQL_CALLER_TRANSACTION_GONE}, N'nestjs-sql-queue: a broker send runs in a transaction, but its connection has none (the caller''s transaction is no longer open on the server)', 1;
+DECLARE @lock int, @refused nvarchar(2048), @resource nvarchar(255) = ${dialogLockResource(schema, '@queue', '@dialogKey')};
+EXEC @lock = sys.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction';
+IF @lock < 0
+BEGIN
+  SET @refused = CONCAT(N'nestjs-sql-queue: dialog key lock not granted (sp_getapplock returned ', @lock, N')');
+  THROW ${MSSQL_KEY_LOCK_REFUSED}, @refused, 1;
+END;
+SELECT [ConversationHandle], [State], DATEDIFF_BIG(millisecond, [CreatedAt], SYSUTCDATETIME()) AS [AgeMs]
+FROM ${dialogs(schema)} WITH (UPDLOCK)
 WHERE [Queue] = @queue AND [DialogKey] = @dialogKey;`;
 }
 
@@ -219,6 +280,14 @@ export function giveBackInitiatorMessages(): string {
  * it is about to SEND on this dialog, will get 8429 once we commit, and ends and replaces the
  * dialog itself. A closing row ('C') is waited for: its senders only write the outbox, never SEND
  * on the dialog. The state is read first without locks only to choose; the decisive read locks.
+ * It takes the row's U lock (a sender of the key holds it from lockDialog to its SEND or outbox
+ * write) but not the key's application lock: a sender that waits for that U lock already holds
+ * the application lock, so taking it here would close a cycle. No HOLDLOCK on the closing read
+ * (review 2, R2-3): it seeks UX_BrokerDialogs_Handle for a row the NOLOCK read just saw, and a
+ * range lock would matter only if that row had gone meanwhile, when it would lock the gap up to
+ * the next handle and make every new dialog whose random handle falls there wait for this
+ * transaction. It would protect nothing: a handle is never inserted again once its conversation
+ * has ended, and UPDLOCK alone already waits for the sender holding the row.
  * Params: @queue, @handle. Returns DialogKey (NULL: not ours, or left to its sender), State,
  * NewHandle (NULL unless the outbox was flushed), Flushed.
  */
@@ -227,7 +296,7 @@ export function settleEndedDialog(schema: string, queue: ResolvedBrokerQueue): s
 SELECT @state = [State] FROM ${dialogs(schema)} WITH (NOLOCK) WHERE [ConversationHandle] = @handle;
 IF @state = 'C'
   SELECT @dialogKey = [DialogKey], @state = [State]
-  FROM ${dialogs(schema)} WITH (UPDLOCK, HOLDLOCK)
+  FROM ${dialogs(schema)} WITH (UPDLOCK)
   WHERE [ConversationHandle] = @handle;
 ELSE
   SELECT @dialogKey = [DialogKey], @state = [State]

@@ -74,9 +74,10 @@ interface SendOutcome {
  * handshake (our Close message → the target ends the conversation after the messages before it →
  * the initiator reader ends our side and sends the outbox on a new dialog).
  *
- * One send is one transaction (the caller's when given): the key's row is locked first (UPDLOCK,
- * HOLDLOCK), which serializes sends of a key; then the dialog is begun, used, closed, or the
- * message goes to the outbox while the key's dialog is closing. A dialog the target ended
+ * One send is one transaction (the caller's when given): the key's application lock and its row
+ * (UPDLOCK) are taken first, which serializes sends of a key and leaves sends of other keys free
+ * (no key-range lock: see lockDialog); then the dialog is begun, used, closed, or the message goes
+ * to the outbox while the key's dialog is closing. A dialog the target ended
  * (SEND fails with 8429/8426) is ended on our side and replaced by a new one in the same
  * transaction, so the message is still sent.
  */

@@ -10,6 +10,11 @@
  * the drain is over, the test causes one deadlock of its own (two transactions updating two
  * rows of a canary table in opposite orders) and waits for that report to appear: only then
  * is "no other report" evidence.
+ *
+ * While the claimers drain, another connection samples sys.dm_tran_locks every 50 ms for PAGE
+ * locks on the schema's Jobs and Groups (review 2, R2-8): READPAST skips row locks but not page
+ * locks, and schema version 10 turns page locks off on every index of those tables, so none may
+ * be seen, held or waited for.
  */
 import sql from 'mssql';
 import { afterAll, beforeAll, expect, it } from 'vitest';
@@ -21,6 +26,7 @@ import {
   beginCallerTransaction,
   mssqlErrorNumber,
   mssqlRows,
+  openMssqlPool,
   withMssqlPool,
   type CallerTransaction,
 } from '../../helpers/mssql.js';
@@ -28,6 +34,7 @@ import {
   createDeadlockCanary,
   DATABASE_CLOCK,
   DEADLOCK_REPORTS,
+  PAGE_LOCKS_ON_QUEUE_TABLES,
   touchDeadlockCanary,
   VIEW_SERVER_STATE,
   VOLUNTEER_AS_DEADLOCK_VICTIM,
@@ -42,12 +49,30 @@ const REAPERS = 4;
 const SHORT_LEASE_MS = 300;
 /** system_health dispatches its buffers at least this often (its MAX_DISPATCH_LATENCY), with margin. */
 const DISPATCH_WAIT_MS = 180_000;
+/** How often the page-lock sampler reads sys.dm_tran_locks during the drain. */
+const SAMPLE_EVERY_MS = 50;
 
 const pause = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 interface DeadlockReport {
   At: string;
   Report: string;
+}
+
+interface PageLock {
+  Session: number;
+  Mode: string;
+  Status: string;
+  Resource: string;
+  Object: string;
+  Index: string | null;
+}
+
+/** What the page-lock sampler saw: how often it looked, the distinct locks (by session, mode, page), and its own error. */
+interface PageLockSamples {
+  samples: number;
+  seen: Map<string, PageLock>;
+  failure?: unknown;
 }
 
 describeEachMssqlDatabase('no deadlock during the 8-claimer drain with reapers running', (db) => {
@@ -73,6 +98,36 @@ describeEachMssqlDatabase('no deadlock during the 8-claimer drain with reapers r
     const reports = await mssqlRows<DeadlockReport>(db.url, DEADLOCK_REPORTS);
     // Timestamps are UTC with milliseconds; a second of slack for the clock read's own rounding.
     return reports.filter((r) => Date.parse(r.At) >= since.getTime() - 1_000);
+  }
+
+  /**
+   * Reads PAGE_LOCKS_ON_QUEUE_TABLES every SAMPLE_EVERY_MS on `pool` (a connection of its own)
+   * until stop(), which waits for the sample under way and returns what was seen. A failed
+   * sample ends the sampling and is returned as `failure` (never an unhandled rejection mid-drain,
+   * nor an error that would hide the drain's own), for the test to fail on after the drain.
+   */
+  function samplePageLocks(pool: sql.ConnectionPool): { stop(): Promise<PageLockSamples> } {
+    const result: PageLockSamples = { samples: 0, seen: new Map() };
+    let sampling = true;
+    const loop = (async () => {
+      while (sampling) {
+        const rows = (
+          await pool.request().input('schema', sql.NVarChar(128), schema).query<PageLock>(PAGE_LOCKS_ON_QUEUE_TABLES)
+        ).recordset;
+        result.samples++;
+        for (const row of rows) result.seen.set(`${row.Session} ${row.Mode} ${row.Status} ${row.Resource}`, row);
+        await pause(SAMPLE_EVERY_MS);
+      }
+    })().catch((error: unknown) => {
+      result.failure = error;
+    });
+    return {
+      async stop() {
+        sampling = false;
+        await loop;
+        return result;
+      },
+    };
   }
 
   /** One claimer: claims until the queue is drained, heartbeats, fails 1 job in 10 once, completes the rest. */
@@ -152,21 +207,45 @@ describeEachMssqlDatabase('no deadlock during the 8-claimer drain with reapers r
       );
       const claimers = openStores(CLAIMERS);
       const reapers = openStores(REAPERS);
-      let draining = true;
-      const reaping = reapers.map(async (reaper) => {
-        while (draining) {
-          await reaper.reap(25);
-          await pause(20);
-        }
-      });
+      const samplerPool = await openMssqlPool(db.url, 1);
+      let pageLocks: PageLockSamples;
       try {
-        await Promise.all(claimers.map((claimer, index) => claimUntilDrained(claimer, index)));
+        const sampler = samplePageLocks(samplerPool);
+        let draining = true;
+        const reaping = reapers.map(async (reaper) => {
+          while (draining) {
+            await reaper.reap(25);
+            await pause(20);
+          }
+        });
+        try {
+          await Promise.all(claimers.map((claimer, index) => claimUntilDrained(claimer, index)));
+        } finally {
+          draining = false;
+          await Promise.allSettled(reaping);
+          // Stopped with the drain, before any assertion.
+          pageLocks = await sampler.stop();
+        }
       } finally {
-        draining = false;
-        await Promise.allSettled(reaping);
+        await samplerPool.close();
       }
       expect(await store.stats(queue)).toMatchObject({ ready: 0, delayed: 0, leased: 0, dead: 0 });
       expect(await unlocked(queue), 'every job, none left locked').toBe(TOTAL);
+
+      // R2-8: the page locks the sampler saw during the drain (soft: the deadlock record is still read).
+      expect.soft(pageLocks.failure, 'a sample of sys.dm_tran_locks failed').toBeUndefined();
+      expect.soft(pageLocks.samples, 'sys.dm_tran_locks was sampled during the drain').toBeGreaterThan(0);
+      expect
+        .soft(
+          [...pageLocks.seen.values()]
+            .slice(0, 50)
+            .map(
+              (l) => `session ${l.Session}: ${l.Mode} ${l.Status} PAGE ${l.Resource} on ${l.Object}.${l.Index ?? '?'}`,
+            ),
+          `review 2, R2-8: PAGE locks on Jobs/Groups during the drain (${pageLocks.seen.size} distinct in ${pageLocks.samples} samples); ` +
+            'schema version 10 turns page locks off on every index of these tables, and READPAST does not skip page locks',
+        )
+        .toEqual([]);
 
       expect(await causeCanaryDeadlock(), 'the canary deadlock: one victim (1205), one survivor').toEqual([
         'error 1205',

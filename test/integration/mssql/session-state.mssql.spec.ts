@@ -26,6 +26,7 @@ import {
   LOCKS_OF_SESSION,
   ROLLBACK_LEFTOVER,
   ROWCOUNT_PROBE,
+  SESSION_OF_SPID,
   SESSION_STATE,
   startSnapshot,
   VIEW_SERVER_STATE,
@@ -40,16 +41,37 @@ function job(queue: string, n: number, idempotencyKey?: string): NewJob {
   return prepareJob(queue, { n }, idempotencyKey ? { idempotencyKey } : {}, LIMITS);
 }
 
+/** What the shared connection says of itself, from no table (SESSION_STATE). */
 interface SessionState {
   Spid: number;
   TranCount: number;
   ImplicitTransactions: number;
-  /** sys.dm_exec_sessions: 0 is NORMAL; the store's batches run at LOW and must leave it so. */
+}
+
+/** What sys.dm_exec_sessions shows of that session to another connection (SESSION_OF_SPID). */
+interface SessionView {
+  /** 0 is NORMAL; the store's batches run at LOW and must leave it so. */
   DeadlockPriority: number;
+  OpenTransactions: number;
 }
 
 describeEachMssqlDatabase('session state the store does not own', (db) => {
   const { schema, store: clean, newQueue, unlocked } = useMssqlSchema(db, 'session');
+
+  /**
+   * Session `spid` as sys.dm_exec_sessions shows it, read on a connection of its own: a DMV read
+   * on the connection left with IMPLICIT_TRANSACTIONS ON may open the transaction the test
+   * measures (review 2, R2-2).
+   */
+  async function sessionView(spid: number): Promise<SessionView> {
+    const [row] = await mssqlRows<SessionView>(db.url, SESSION_OF_SPID, (r) => r.input('spid', sql.Int, spid));
+    if (!row) {
+      throw new Error(
+        `sys.dm_exec_sessions shows no session ${spid} to another connection: the login needs VIEW SERVER STATE to read the shared connection's DEADLOCK_PRIORITY`,
+      );
+    }
+    return row;
+  }
 
   it('C3: on a shared one-connection pool left with IMPLICIT_TRANSACTIONS ON and ROWCOUNT 1, claim, heartbeat, complete, fail, release and reap answer correctly and leave no transaction or lock behind', async () => {
     const queue = newQueue('implicit');
@@ -61,7 +83,8 @@ describeEachMssqlDatabase('session state the store does not own', (db) => {
       await pool.request().batch(LEAVE_IMPLICIT_TRANSACTIONS);
       const state = async () => (await pool.request().batch<SessionState>(SESSION_STATE)).recordset[0]!;
       const before = await state();
-      expect(before).toMatchObject({ TranCount: 0, ImplicitTransactions: 2, DeadlockPriority: 0 });
+      expect(before).toMatchObject({ TranCount: 0, ImplicitTransactions: 2 });
+      expect(await sessionView(before.Spid)).toEqual({ DeadlockPriority: 0, OpenTransactions: 0 });
 
       const shared = createMssqlStore({ pool }, { schema });
       const expectNoTransactionAfter = async (operation: string) => {
@@ -140,10 +163,14 @@ describeEachMssqlDatabase('session state the store does not own', (db) => {
       expect(await unlocked(queue)).toBe(6);
 
       // The application's own settings are its own: the store set its options inside its batches.
-      expect(await state(), 'IMPLICIT_TRANSACTIONS and DEADLOCK_PRIORITY as the application left them').toMatchObject({
+      expect(await state(), 'IMPLICIT_TRANSACTIONS as the application left it').toMatchObject({
+        Spid: before.Spid,
         TranCount: 0,
         ImplicitTransactions: 2,
+      });
+      expect(await sessionView(before.Spid), 'DEADLOCK_PRIORITY as the application left it').toEqual({
         DeadlockPriority: 0,
+        OpenTransactions: 0,
       });
       expect(
         (await pool.request().batch(ROWCOUNT_PROBE)).recordset,

@@ -8,6 +8,9 @@
  * Ordered groups (issue 11; research A (ii) 12): the group claim, settling, the figures and the
  * repair sweep run through the same connections, and what SQL Server does with UPDLOCK and
  * READPAST on a group row without READCOMMITTEDLOCK is recorded.
+ * Page locks (review 2, R2-8): READPAST skips row locks, not page locks, and the READPAST
+ * statements cannot carry ROWLOCK, so after migrating no index of Jobs, Groups or Schedules may
+ * allow page locks (schema version 10), while every one still allows row locks.
  */
 import sql from 'mssql';
 import { expect, it } from 'vitest';
@@ -18,6 +21,7 @@ import { mssqlErrorNumber, mssqlRows, openMssqlPool, withErrorNumber } from '../
 import {
   claimHintsWithRowlock,
   groupClaimHintsWithoutReadCommittedLock,
+  INDEX_LOCK_OPTIONS,
   LEAVE_SNAPSHOT_ISOLATION,
 } from '../../helpers/mssql-test-queries.js';
 import { waitFor } from '../../helpers/wait-for.js';
@@ -108,6 +112,23 @@ describeEachMssqlDatabase('claim and reaper table hints', (db) => {
       await groupsClaimAndReap(onSnapshot, 'a connection left at SNAPSHOT');
     } finally {
       await pool.close();
+    }
+  });
+
+  it('R2-8: after migrating, no index of Jobs, Groups or Schedules allows page locks, and each allows row locks (sys.indexes)', async () => {
+    const indexes = await mssqlRows<{ Table: string; Index: string; AllowRowLocks: number; AllowPageLocks: number }>(
+      db.url,
+      INDEX_LOCK_OPTIONS,
+      (r) => r.input('schema', sql.NVarChar(128), schema),
+    );
+    // Named here, not taken from the migrations' list, so that dropping a table from it fails this test.
+    for (const table of ['Jobs', 'Groups', 'Schedules']) {
+      const ofTable = indexes.filter((i) => i.Table === table);
+      expect(ofTable.length, `${table}: its indexes are listed`).toBeGreaterThan(0);
+      expect(
+        ofTable.map((i) => `${i.Index}: page locks ${i.AllowPageLocks}, row locks ${i.AllowRowLocks}`),
+        `review 2, R2-8: ${table}'s indexes after migration (READPAST does not skip page locks)`,
+      ).toEqual(ofTable.map((i) => `${i.Index}: page locks 0, row locks 1`));
     }
   });
 
