@@ -13,6 +13,8 @@ import { MemoryStore } from '../helpers/memory-store.js';
  */
 class BatchStore extends MemoryStore {
   readonly completed: string[] = [];
+  /** When set, each complete statement waits for this gate and answers what it returns. */
+  completeGate: ((ids: string[]) => Promise<'ok' | 'lost'>) | null = null;
   readonly failed: string[] = [];
   readonly released: string[] = [];
   /** Every outcome statement, in the order sent. */
@@ -34,9 +36,11 @@ class BatchStore extends MemoryStore {
   }
 
   override async complete(items: readonly OwnedJob[]) {
-    this.completed.push(...items.map((item) => item.id));
-    this.statements.push(`complete ${items.map((item) => item.id).join(',')}`);
-    return items.map((item) => ({ id: item.id, outcome: 'ok' as const }));
+    const ids = items.map((item) => item.id);
+    this.statements.push(`complete ${ids.join(',')}`);
+    const outcome = this.completeGate ? await this.completeGate(ids) : 'ok';
+    if (outcome === 'ok') this.completed.push(...ids);
+    return items.map((item) => ({ id: item.id, outcome }));
   }
 
   override async fail(items: readonly FailItem[]) {
@@ -84,6 +88,43 @@ describe('a group batch', () => {
     expect(store.completed).toEqual(['10', '11', '12']);
     // One unit of work: the claim asked for the free slots, and no reader beyond one ran it.
     expect(started.consumer.snapshot().running).toBe(0);
+    await stopOnFakeClock(started.consumer, clock);
+  });
+
+  it('starts the next job only once the one before is done in the database, not when its completion was sent', async () => {
+    const store = new BatchStore(['10', '11', '12']);
+    const answers: (() => void)[] = [];
+    store.completeGate = () => new Promise((resolve) => answers.push(() => resolve('ok')));
+    const started = run(store, () => Promise.resolve());
+    const { clock } = started;
+    started.consumer.start();
+    await clock.advance(500);
+    // 10 ran and its completion is in flight: 11 waits for it (a crash now must not run 10
+    // again after 11 ran).
+    expect(started.spans.map((s) => s.id)).toEqual(['10']);
+    expect(store.statements).toEqual(['complete 10']);
+    answers.shift()!();
+    await clock.advance(500);
+    expect(started.spans.map((s) => s.id)).toEqual(['10', '11']);
+    answers.shift()!();
+    await clock.advance(500);
+    answers.shift()!();
+    await clock.advance(500);
+    expect(started.spans.map((s) => s.id)).toEqual(['10', '11', '12']);
+    expect(store.completed).toEqual(['10', '11', '12']);
+    await stopOnFakeClock(started.consumer, clock);
+  });
+
+  it("stops when a completion is refused as lost: the batch is no longer this worker's, its next job runs nowhere here", async () => {
+    const store = new BatchStore(['10', '11', '12']);
+    store.completeGate = async () => 'lost';
+    const started = run(store, () => Promise.resolve());
+    const { clock } = started;
+    started.consumer.start();
+    await clock.advance(1_000);
+    expect(started.spans.map((s) => s.id)).toEqual(['10']);
+    expect(store.completed).toEqual([]);
+    expect(store.released).toEqual([]);
     await stopOnFakeClock(started.consumer, clock);
   });
 

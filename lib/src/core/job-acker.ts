@@ -33,6 +33,12 @@ export interface HeldJob {
    * the same reader; empty for any other job.
    */
   followers: HeldJob[];
+  /**
+   * Set on a job of a group batch that others follow: told when its outcome is recorded, true
+   * when that was its completion ('ok' or 'already'), so the next job of the group starts only
+   * once this one is done in the database.
+   */
+  recorded: ((completed: boolean) => void) | null;
 }
 
 /** A buffered job and the group batch it heads: what a reader takes, and what is given back together. */
@@ -106,7 +112,8 @@ export class JobAcker {
   constructor(
     private readonly deps: AckerDeps,
     private readonly options: ResolvedQueueOptions,
-    private readonly onSettled: (held: HeldJob) => void,
+    /** The job's outcome is recorded (or given up); `completed`: it was a completion the database took. */
+    private readonly onSettled: (held: HeldJob, completed: boolean) => void,
   ) {
     this.errors = new ThrottledErrorLog(deps.logger, `recording job outcomes in queue '${options.queue}'`, () =>
       deps.clock.now(),
@@ -150,7 +157,7 @@ export class JobAcker {
       this.completes = [];
       this.failures = [];
       this.releases = [];
-      for (const item of left) this.onSettled(item.held);
+      for (const item of left) this.onSettled(item.held, false);
     }
   }
 
@@ -243,7 +250,7 @@ export class JobAcker {
           claimToDoneMs: Math.max(0, now - held.claimedAtLocal),
         });
       }
-      this.onSettled(held);
+      this.onSettled(held, outcome !== 'lost');
     }
     return true;
   }
@@ -292,7 +299,7 @@ export class JobAcker {
           error: message,
         });
       }
-      this.onSettled(item.held);
+      this.onSettled(item.held, false);
     }
     return true;
   }
@@ -308,7 +315,7 @@ export class JobAcker {
       // A give-back has no 'already' answer: after a failed try, 'lost' most likely means the
       // first try committed. Either way the job is not this worker's, so nothing is counted.
       if ((outcomes.get(held.job.id) ?? 'lost') === 'lost' && !retried) this.reportLost(held, 'release');
-      this.onSettled(held);
+      this.onSettled(held, false);
     }
     return true;
   }
@@ -331,7 +338,7 @@ export class JobAcker {
   private requeue<T extends Pending>(queue: T[], items: T[], error: unknown): void {
     if (this.closed.signal.aborted) {
       // drain() already reported these as unrecorded; their leases bring the jobs back.
-      for (const item of items) this.onSettled(item.held);
+      for (const item of items) this.onSettled(item.held, false);
       return;
     }
     this.errors.failed(error, this.retryDelayMs);
@@ -343,7 +350,7 @@ export class JobAcker {
       this.deps.logger.error(
         `job ${item.held.job.id} in queue '${item.held.job.queue}': giving up recording its outcome; its lease has expired, so it will run again`,
       );
-      this.onSettled(item.held);
+      this.onSettled(item.held, false);
     }
     queue.unshift(...keep);
   }

@@ -70,6 +70,9 @@ export class QueueConsumer {
   private waitingSince: number | null = null;
   private wokenDuringClaim = false;
   private stopping = false;
+  private beginStopping!: () => void;
+  /** Resolves when shutdown begins: a group batch stops waiting for a completion then. */
+  private readonly stopped$ = new Promise<'stopping'>((resolve) => (this.beginStopping = () => resolve('stopping')));
   private stopped: Promise<{ finished: number; aborted: number; released: number }> | null = null;
   private started = false;
   /** The claim loop's pauses (two claims may overlap, so two may pause); aborting them wakes it. */
@@ -102,7 +105,7 @@ export class QueueConsumer {
     const now = () => deps.clock.now();
     this.claimErrors = new ThrottledErrorLog(deps.logger, `claiming from queue '${options.queue}'`, now);
     this.heartbeatErrors = new ThrottledErrorLog(deps.logger, `renewing leases in queue '${options.queue}'`, now);
-    this.acker = new JobAcker(deps, options, (held) => this.settled(held));
+    this.acker = new JobAcker(deps, options, (held, completed) => this.settled(held, completed));
     this.tracer = deps.tracer ?? NO_TRACING;
   }
 
@@ -180,13 +183,18 @@ export class QueueConsumer {
   }
 
   /**
-   * Runs one job, or an ordered group's batch in id order, each after the one before completed.
-   * A batch stops at the first job that does not complete: a failure's statement gives the rest
-   * back in the database (as does a reaped or lost lease), so they are only let go here; a job
-   * given back, or shutdown, gives the rest back with it.
+   * Runs one job, or an ordered group's batch in id order, each after the one before is done: its
+   * completion recorded in the database, not only sent. So a crash never runs a group's job again
+   * after its successor started (it would, had the successor started while the completion was
+   * still on its way: the lost completion brings the job back, behind the successor's run). A
+   * batch stops at the first job that does not complete: a failure's statement gives the rest
+   * back in the database (as does a reaped or lost lease, or a completion refused as lost), so
+   * they are only let go here; a job given back, or shutdown, gives the rest back with it.
    */
   private async runBatch(batch: HeldJob[]): Promise<void> {
     for (const [index, held] of batch.entries()) {
+      const followed = index + 1 < batch.length;
+      const done = followed ? new Promise<boolean>((resolve) => (held.recorded = resolve)) : Promise.resolve(true);
       let outcome: RunOutcome;
       try {
         outcome = await this.run(held);
@@ -202,6 +210,9 @@ export class QueueConsumer {
       }
       const rest = batch.slice(index + 1);
       if (rest.length === 0) return;
+      // At shutdown the rest is given back below at once, whether the completion landed or not.
+      if (outcome === 'completed' && (await Promise.race([done, this.stopped$])) === false) outcome = 'ended';
+      held.recorded = null;
       // A handler that blocked the event loop past the lease may return before any heartbeat
       // tick could notice: the batch's token may be void and its group taken by another reader.
       if (outcome === 'completed' && this.deps.clock.now() >= rest[0]!.localLeaseUntil) outcome = 'ended';
@@ -425,6 +436,7 @@ export class QueueConsumer {
       timedOut: false,
       shutdownAborted: false,
       followers: [],
+      recorded: null,
     };
     this.held.set(job.id, held);
     return held;
@@ -435,7 +447,9 @@ export class QueueConsumer {
    * a claim sent meanwhile saw the group still held and may have started an idle pause: claim
    * again now, so a group's jobs follow each other without waiting out a poll interval.
    */
-  private settled(held: HeldJob): void {
+  private settled(held: HeldJob, completed: boolean): void {
+    held.recorded?.(completed);
+    held.recorded = null;
     this.forget(held);
     if (held.job.groupKey !== null) this.wake();
   }
@@ -674,6 +688,7 @@ export class QueueConsumer {
 
   private async shutDown(timeoutMs: number): Promise<{ finished: number; aborted: number; released: number }> {
     this.stopping = true;
+    this.beginStopping();
     this.endPauses();
     while (this.waiting.length > 0) this.waiting.shift()!(null);
     const released = this.buffer.splice(0).flatMap(withFollowers);
