@@ -58,7 +58,7 @@ export { SqlQueueSchedulerHost } from './nest/schedules.host.js';
 export type { EnqueueCallOptions, EnqueueItem } from './core/producer.js';
 export type { BackoffOption } from './core/backoff.js';
 export type { QueueOptions, ConsumerOptions, ReaperOptions, RetentionOptions } from './core/options.js';
-export type { BrokerDeadReason, QueueEventListener } from './core/events.js';
+export type { QueueEventListener } from './core/events.js';
 export type { ConsumerSnapshot } from './core/consumer.js';
 export type { QueueConsumerSnapshot } from './core/queue-consumer.js';
 export type { QueueStore, Dialect, MigrationMode } from './core/queue-store.js';

@@ -1,11 +1,17 @@
-import type { BrokerDriver, BrokerParams, BrokerRow, BrokerSession } from '../../lib/src/broker/broker.types.js';
+import type {
+  BrokerConnection,
+  BrokerDriver,
+  BrokerParams,
+  BrokerRow,
+  BrokerSession,
+} from '../../lib/src/broker/broker.types.js';
 
 /**
  * A recorded `BrokerDriver` for unit tests of the broker runtime (no SQL Server runs here).
  *
  * - Every call is recorded in order in `calls`: which session (a reader transaction, a shared-pool
- *   transaction, the caller's transaction, or an autocommit batch), the statement text and params,
- *   and commit / rollback / cancel.
+ *   transaction, the caller's transaction, a receiver's own connection, or an autocommit batch),
+ *   the statement text and params, and commit / rollback / cancel / close.
  * - Statements are answered from a script. `on(match, respond)` answers every matching statement;
  *   `once(match, respond)` answers the next one only (FIFO, before `on`). `match` is the exact SQL
  *   text (what a query function returns: `double.on(readerQueries.receiveOne(queue, 'json'), …)`),
@@ -25,6 +31,7 @@ export class BrokerDriverDouble implements BrokerDriver {
   readonly calls: BrokerCall[] = [];
   readonly violations: string[] = [];
   readonly sessions: BrokerSessionDouble[] = [];
+  readonly connections: BrokerConnectionDouble[] = [];
   private readonly persistent: Responder[] = [];
   private readonly onceQueue: Responder[] = [];
   private readonly holds: { match: StatementMatch; hold: HeldStatement }[] = [];
@@ -67,6 +74,14 @@ export class BrokerDriverDouble implements BrokerDriver {
     return this.openSession(callerTransaction === undefined ? 'shared' : 'caller');
   }
 
+  async openConnection(): Promise<BrokerConnection> {
+    if (this.closed) this.violate('openConnection after close()');
+    const connection = new BrokerConnectionDouble(this, this.sessions.length + this.connections.length + 1);
+    this.connections.push(connection);
+    this.calls.push({ kind: 'begin', session: 'connection', sessionId: connection.id });
+    return connection;
+  }
+
   async query<R extends BrokerRow = BrokerRow>(text: string, params: BrokerParams = {}): Promise<R[]> {
     if (this.closed) this.violate('query after close()');
     const call: BrokerCall = { kind: 'query', session: 'autocommit', sessionId: 0, text, params };
@@ -103,7 +118,7 @@ export class BrokerDriverDouble implements BrokerDriver {
    */
   log(name: (text: string) => string = (text) => text): string[] {
     return this.calls.map((c) => {
-      if (c.kind === 'close') return 'close';
+      if (c.session === undefined) return 'close';
       const who = c.session === 'autocommit' ? 'autocommit' : `${c.session}#${c.sessionId}`;
       if (c.kind === 'query') return `${who} ${name(c.text)}`;
       return `${who} ${c.kind}`;
@@ -123,6 +138,7 @@ export class BrokerDriverDouble implements BrokerDriver {
     const problems = [...this.violations];
     if (options.allEnded) {
       for (const s of this.sessions) if (s.state === 'open') problems.push(`${s.label} was never ended`);
+      for (const c of this.connections) if (!c.closed) problems.push(`${c.label} was never closed`);
     }
     if (problems.length) throw new Error(`BrokerDriverDouble: ${problems.join('; ')}`);
   }
@@ -168,7 +184,7 @@ export class BrokerDriverDouble implements BrokerDriver {
   }
 }
 
-export type BrokerSessionKind = 'reader' | 'shared' | 'caller' | 'autocommit';
+export type BrokerSessionKind = 'reader' | 'shared' | 'caller' | 'connection' | 'autocommit';
 
 export interface BrokerQueryCall {
   kind: 'query';
@@ -182,11 +198,11 @@ export interface BrokerQueryCall {
 export type BrokerCall =
   | BrokerQueryCall
   | {
-      kind: 'begin' | 'commit' | 'rollback' | 'cancel';
+      kind: 'begin' | 'commit' | 'rollback' | 'cancel' | 'close';
       session: Exclude<BrokerSessionKind, 'autocommit'>;
       sessionId: number;
     }
-  | { kind: 'close' };
+  | { kind: 'close'; session?: undefined };
 
 /** Exact SQL text, a RegExp, or a predicate over the text. */
 export type StatementMatch = string | RegExp | ((text: string) => boolean);
@@ -262,6 +278,51 @@ export class BrokerSessionDouble implements BrokerSession {
     if (this.state !== 'open') this.driver.violate(`${this.label}: rollback after ${this.state}`);
     if (this.inFlight) this.driver.violate(`${this.label}: rollback while a request is in flight`);
     this.state = 'rolledBack';
+  }
+}
+
+/**
+ * A receiver's own connection: batches in autocommit (a batch may open and end a transaction
+ * itself, which the double does not model), one request at a time, cancel, close.
+ */
+export class BrokerConnectionDouble implements BrokerConnection {
+  closed = false;
+  private inFlight: { reject(error: unknown): void } | null = null;
+
+  constructor(
+    private readonly driver: BrokerDriverDouble,
+    readonly id: number,
+  ) {}
+
+  get label(): string {
+    return `connection#${this.id}`;
+  }
+
+  async query<R extends BrokerRow = BrokerRow>(text: string, params: BrokerParams = {}): Promise<R[]> {
+    const call: BrokerQueryCall = { kind: 'query', session: 'connection', sessionId: this.id, text, params };
+    this.driver.calls.push(call);
+    if (this.closed) this.driver.violate(`${this.label}: statement after close: ${text}`);
+    if (this.inFlight) this.driver.violate(`${this.label}: a second request while one is in flight: ${text}`);
+    let cancelled!: (error: unknown) => void;
+    const cancel = new Promise<never>((_, reject) => (cancelled = reject));
+    cancel.catch(() => undefined);
+    this.inFlight = { reject: cancelled };
+    try {
+      return (await Promise.race([this.driver.answer(call, undefined), cancel])) as R[];
+    } finally {
+      this.inFlight = null;
+    }
+  }
+
+  cancel(): void {
+    this.driver.calls.push({ kind: 'cancel', session: 'connection', sessionId: this.id });
+    this.inFlight?.reject(new BrokerCancelledError());
+  }
+
+  async close(): Promise<void> {
+    this.driver.calls.push({ kind: 'close', session: 'connection', sessionId: this.id });
+    if (this.inFlight) this.driver.violate(`${this.label}: close while a request is in flight`);
+    this.closed = true;
   }
 }
 

@@ -12,7 +12,7 @@ export function healthyBrokerObservationRows(o: ResolvedBrokerOptions): BrokerRo
     EnqueueEnabled: true,
     ActivationEnabled: false,
     ActivationProcedure: null,
-    PoisonHandling: true,
+    PoisonHandling: false,
   });
   for (const q of o.queues) {
     rows.push(

@@ -22,10 +22,25 @@ export const BROKER_ENABLED = `SELECT DB_NAME() AS [Database], CAST(d.[is_broker
 FROM sys.databases AS d
 WHERE d.[database_id] = DB_ID();`;
 
-/** A Service Broker queue's status; @queue is its quoted two-part name. No row: no such queue. */
-export const QUEUE_STATUS = `SELECT CAST(q.[is_receive_enabled] AS int) AS [ReceiveEnabled], CAST(q.[is_enqueue_enabled] AS int) AS [EnqueueEnabled]
+/**
+ * A Service Broker queue's status; @queue is its quoted two-part name. No row: no such queue.
+ * [PoisonHandling] is sys.service_queues.is_poison_message_handling_enabled (SQL Server 2012 and
+ * later): 1 while five rolled-back receives would disable the queue.
+ */
+export const QUEUE_STATUS = `SELECT CAST(q.[is_receive_enabled] AS int) AS [ReceiveEnabled], CAST(q.[is_enqueue_enabled] AS int) AS [EnqueueEnabled],
+  CAST(q.[is_poison_message_handling_enabled] AS int) AS [PoisonHandling]
 FROM sys.service_queues AS q
 WHERE q.[object_id] = OBJECT_ID(@queue);`;
+
+/**
+ * Creates schema @schema unless it exists (CREATE SCHEMA must be alone in its batch, hence
+ * sp_executesql; the name goes through QUOTENAME, never spliced).
+ */
+export const ENSURE_SCHEMA = `IF SCHEMA_ID(@schema) IS NULL
+BEGIN
+  DECLARE @create nvarchar(300) = N'CREATE SCHEMA ' + QUOTENAME(@schema) + N';';
+  EXEC sys.sp_executesql @create;
+END;`;
 
 /** The event notifications on a queue (@queue: its quoted two-part name). */
 export const EVENT_NOTIFICATIONS_OF_QUEUE = `SELECT en.[name] AS [Name]
@@ -72,10 +87,63 @@ FROM ${quoteBrokerObject(queue)} WHERE conversation_group_id = @group;
 ROLLBACK TRANSACTION h5_hold;`;
 }
 
-/** One message of any unlocked group, in the caller's transaction (which the test rolls back). */
+/**
+ * One message of any unlocked group, in the caller's transaction: rolled back, it returns to the
+ * queue (the poison tests); kept open, the transaction holds the queue (the health tests).
+ */
 export function receiveAny(queue: BrokerObjectName): string {
   return `RECEIVE TOP (1) CAST([conversation_handle] AS nvarchar(36)) AS [Handle] FROM ${quoteBrokerObject(queue)};`;
 }
+
+/** Drops schema @schema if it exists (it must be empty by then), the name through QUOTENAME. */
+export const DROP_SCHEMA_IF_EXISTS = `IF SCHEMA_ID(@schema) IS NOT NULL
+BEGIN
+  DECLARE @drop nvarchar(300) = N'DROP SCHEMA ' + QUOTENAME(@schema) + N';';
+  EXEC sys.sp_executesql @drop;
+END;`;
+
+/**
+ * A queue as an older setup, or a DBA following Microsoft's defaults, would have made it:
+ * POISON_MESSAGE_HANDLING ON (CREATE QUEUE's default), so five rolled-back receives disable it.
+ */
+export function createQueueWithPoisonHandling(queue: BrokerObjectName): string {
+  return `CREATE QUEUE ${quoteBrokerObject(queue)} WITH STATUS = ON, RETENTION = OFF, POISON_MESSAGE_HANDLING (STATUS = ON);`;
+}
+
+/** The fix the 'poison-handling-on' warning names. */
+export function disablePoisonHandling(queue: BrokerObjectName): string {
+  return `ALTER QUEUE ${quoteBrokerObject(queue)} WITH POISON_MESSAGE_HANDLING (STATUS = OFF);`;
+}
+
+/**
+ * Every lock request on queue @queue (its quoted two-part name) or on its internal message table
+ * (sys.internal_tables, QUEUE_MESSAGES, parent_id = the queue's object_id), granted or waiting,
+ * by any session but this one: [On] says which of the two objects. The library's health reading
+ * (readBrokerQueueLocks) looks at the queue's object only; listing the internal table too lets a
+ * failing test tell "no lock" from "a lock on the other object". Needs VIEW SERVER STATE.
+ */
+export const LOCKS_ON_QUEUE = `SELECT l.[request_session_id] AS [Session], l.[request_mode] AS [Mode], l.[request_status] AS [Status],
+  CASE WHEN l.[resource_associated_entity_id] = OBJECT_ID(@queue) THEN N'queue' ELSE N'internal table' END AS [On]
+FROM sys.dm_tran_locks AS l
+WHERE l.[resource_type] = N'OBJECT' AND l.[resource_database_id] = DB_ID()
+  AND (l.[resource_associated_entity_id] = OBJECT_ID(@queue)
+    OR l.[resource_associated_entity_id] IN (
+      SELECT it.[object_id] FROM sys.internal_tables AS it WHERE it.[parent_id] = OBJECT_ID(@queue)))
+  AND l.[request_session_id] <> @@SPID
+ORDER BY l.[request_session_id], l.[request_mode];`;
+
+/**
+ * Schema-modification lock requests waiting on any Service Broker queue of schema @schema
+ * (Service Broker's poison-message task, an ALTER QUEUE, an event notification being changed):
+ * while one waits, every RECEIVE, SEND and read of that queue queues behind it. Needs VIEW
+ * SERVER STATE.
+ */
+export const SCHEMA_LOCK_WAITS_IN_SCHEMA = `SELECT l.[request_session_id] AS [Session], OBJECT_NAME(q.[object_id]) AS [Queue]
+FROM sys.dm_tran_locks AS l
+JOIN sys.service_queues AS q ON q.[object_id] = l.[resource_associated_entity_id]
+WHERE l.[resource_type] = N'OBJECT' AND l.[resource_database_id] = DB_ID()
+  AND l.[request_mode] = N'Sch-M' AND l.[request_status] = N'WAIT'
+  AND q.[schema_id] = SCHEMA_ID(@schema);`;
 
 /** Re-enables a queue Service Broker disabled (five rolled-back receives). */
 export function enableQueue(queue: BrokerObjectName): string {
@@ -110,18 +178,60 @@ export const END_CONVERSATION_WITH_ERROR =
   "END CONVERSATION @handle WITH ERROR = 50001 DESCRIPTION = N'the T-SQL producer gives up';";
 
 /**
- * Sessions of client process @pid (tedious sends process.pid at login) running a request inside
- * an open transaction: an idle broker reader sits in its WAITFOR like that.
+ * Sessions of client process @pid (tedious sends process.pid at login) with a request running,
+ * other than this one: an idle receiver sits in its WAITFOR (GET CONVERSATION GROUP) like that,
+ * in autocommit, as do the activation listener and the initiator reader in theirs. Other
+ * sessions' requests are visible with VIEW SERVER STATE only.
  */
-export const OPEN_TRANSACTION_REQUESTS_OF_PROCESS = `SELECT COUNT(*) AS [Sessions]
+export const REQUESTS_OF_PROCESS = `SELECT COUNT(*) AS [Sessions]
 FROM sys.dm_exec_requests AS r
 JOIN sys.dm_exec_sessions AS s ON s.[session_id] = r.[session_id]
-WHERE s.[host_process_id] = @pid AND r.[open_transaction_count] > 0 AND r.[session_id] <> @@SPID;`;
+WHERE s.[host_process_id] = @pid AND r.[session_id] <> @@SPID;`;
 
 /** Sessions of client process @pid with a transaction open, running or not. */
 export const OPEN_TRANSACTIONS_OF_PROCESS = `SELECT COUNT(*) AS [Sessions]
 FROM sys.dm_exec_sessions AS s
 WHERE s.[host_process_id] = @pid AND s.[open_transaction_count] > 0 AND s.[session_id] <> @@SPID;`;
+
+/**
+ * The jobs of broker queue @queue's table queue by the message each carries (the payload a
+ * receiver writes, broker.job.ts: conversationHandle, sequence, type, and the JSON body as
+ * `text`): how many jobs carry it, how many of them are done, the most attempts one took. One
+ * row per received message that became a job; a message moved twice would show Jobs 2.
+ */
+export function brokerJobsByMessage(schema: string): string {
+  return `SELECT m.[ConversationHandle], m.[Sequence], MIN(m.[Type]) AS [Type], MIN(m.[Text]) AS [Text],
+  COUNT_BIG(*) AS [Jobs], SUM(CASE WHEN j.[State] = 'done' THEN 1 ELSE 0 END) AS [Done], MAX(j.[Attempts]) AS [Attempts]
+FROM ${quoteMssqlIdentifier(schema)}.[Jobs] AS j
+CROSS APPLY (
+  SELECT JSON_VALUE(j.[Payload], N'$.conversationHandle') AS [ConversationHandle],
+    JSON_VALUE(j.[Payload], N'$.sequence') AS [Sequence],
+    JSON_VALUE(j.[Payload], N'$.type') AS [Type],
+    JSON_VALUE(j.[Payload], N'$.text') AS [Text]
+) AS m
+WHERE j.[Queue] = @queue
+GROUP BY m.[ConversationHandle], m.[Sequence]
+ORDER BY m.[ConversationHandle], CAST(m.[Sequence] AS bigint);`;
+}
+
+/**
+ * Jobs of table queue @queue by state, read WITH (NOLOCK) so that polling it while workers run
+ * never waits on their leases (a dirty count only makes the poll look again).
+ */
+export function jobStatesOfQueue(schema: string): string {
+  return `SELECT [State], COUNT_BIG(*) AS [Jobs]
+FROM ${quoteMssqlIdentifier(schema)}.[Jobs] WITH (NOLOCK)
+WHERE [Queue] = @queue
+GROUP BY [State];`;
+}
+
+/** Jobs of broker queue @queue's table queue by the message type they carry (JSON_VALUE of the payload's `type`) and state. */
+export function brokerJobsByType(schema: string): string {
+  return `SELECT JSON_VALUE(j.[Payload], N'$.type') AS [Type], j.[State], COUNT_BIG(*) AS [Jobs]
+FROM ${quoteMssqlIdentifier(schema)}.[Jobs] AS j
+WHERE j.[Queue] = @queue
+GROUP BY JSON_VALUE(j.[Payload], N'$.type'), j.[State];`;
+}
 
 /** Whether this login may create logins (the least-privilege test makes one). */
 export const CAN_CREATE_LOGINS = `SELECT HAS_PERMS_BY_NAME(NULL, NULL, N'ALTER ANY LOGIN') AS [Granted];`;
@@ -164,6 +274,11 @@ export function brokerNamePrefix(schema: string, name?: string): string {
   return name === undefined ? `${BROKER_NAME_PREFIX}/${schema}/` : `${BROKER_NAME_PREFIX}/${schema}/${name}/`;
 }
 
+/** The prefix of the doorbell's service names in module schema `schema` (its target and initiator services). */
+export function doorbellNamePrefix(schema: string): string {
+  return `${BROKER_NAME_PREFIX}/${schema}/doorbell`;
+}
+
 /** Every statement above, named, for the grammar gate. */
 export function everyBrokerTestStatement(schema: string): [string, string][] {
   const queue = { schema, name: 'orders_TargetQueue' };
@@ -176,6 +291,12 @@ export function everyBrokerTestStatement(schema: string): [string, string][] {
   return [
     ['broker enabled', BROKER_ENABLED],
     ['queue status', QUEUE_STATUS],
+    ['ensure schema', ENSURE_SCHEMA],
+    ['drop schema if exists', DROP_SCHEMA_IF_EXISTS],
+    ['create queue with poison handling', createQueueWithPoisonHandling(queue)],
+    ['disable poison handling', disablePoisonHandling(queue)],
+    ['locks on queue', LOCKS_ON_QUEUE],
+    ['schema lock waits in schema', SCHEMA_LOCK_WAITS_IN_SCHEMA],
     ['event notifications of queue', EVENT_NOTIFICATIONS_OF_QUEUE],
     ['endpoints by state', ENDPOINTS_BY_STATE],
     ['endpoints of conversation', ENDPOINTS_OF_CONVERSATION],
@@ -187,8 +308,11 @@ export function everyBrokerTestStatement(schema: string): [string, string][] {
     ['send on new dialog', sendOnNewDialog(resolved)],
     ['end conversation', END_CONVERSATION],
     ['end conversation with error', END_CONVERSATION_WITH_ERROR],
-    ['open transaction requests of process', OPEN_TRANSACTION_REQUESTS_OF_PROCESS],
+    ['requests of process', REQUESTS_OF_PROCESS],
     ['open transactions of process', OPEN_TRANSACTIONS_OF_PROCESS],
+    ['broker jobs by message', brokerJobsByMessage(schema)],
+    ['job states of queue', jobStatesOfQueue(schema)],
+    ['broker jobs by type', brokerJobsByType(schema)],
     ['can create logins', CAN_CREATE_LOGINS],
     ['create test login', createTestLogin('sqlqueue_lp_0a1b2c3d', '0123456789abcdef01234567Aa1!')],
     ['create test user', createTestUser('sqlqueue_lp_0a1b2c3d', schema)],

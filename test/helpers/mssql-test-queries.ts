@@ -56,6 +56,16 @@ export const ROWCOUNT_PROBE = 'SELECT t.[V] FROM (VALUES (1), (2)) AS t([V]);';
 /** Cleanup for a test connection that a broken store left inside a transaction. */
 export const ROLLBACK_LEFTOVER = 'IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION;';
 
+/** A row of LOCKS_OF_SESSION. */
+export interface SessionLockRow {
+  ResourceType: string;
+  Mode: string;
+  Status: string;
+  Resource: string | null;
+  Object: string | null;
+  Index: string | null;
+}
+
 /** The locks session @spid holds or waits for in this database, named where they are on a row or index. */
 export const LOCKS_OF_SESSION = `SELECT l.[resource_type] AS [ResourceType], l.[request_mode] AS [Mode], l.[request_status] AS [Status],
   l.[resource_description] AS [Resource], OBJECT_NAME(p.[object_id]) AS [Object], i.[name] AS [Index]

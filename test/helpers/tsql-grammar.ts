@@ -438,7 +438,7 @@ export const KNOWN_GRAMMAR_GAPS: readonly KnownGrammarGap[] = [
     'grant-permissions',
     statement(
       String.raw`GRANT\s+${GRANTABLE}(?:\s*,\s*${GRANTABLE})*` +
-        String.raw`(?:\s+ON\s+(?:(?:OBJECT|SCHEMA|SERVICE|CONTRACT|MESSAGE\s+TYPE)\s*::\s*)?${IDENT}(?:\s*\.\s*${IDENT})?)?` +
+        String.raw`(?:\s+ON\s+(?:(?:OBJECT|SCHEMA|SERVICE|CONTRACT|MESSAGE\s+TYPE|TYPE)\s*::\s*)?${IDENT}(?:\s*\.\s*${IDENT})?)?` +
         String.raw`\s+TO\s+${IDENT}`,
     ),
     'GRANT RECEIVE ON dbo.q TO [reader];',

@@ -45,15 +45,25 @@ describe('the broker option', () => {
     );
   });
 
-  it('refuses table-queue options on the @QueueHandler of a broker queue, before connecting', async () => {
-    @QueueHandler('orders', { leaseMs: 60_000, maxReaders: 2 })
+  it("checks the @QueueHandler options of a broker queue's handlers (table-queue options) before connecting", async () => {
+    @QueueHandler('orders', { leaseMs: 60_000, minReaders: 3, maxReaders: 2 })
     class OrdersHandler {
       async handle() {}
     }
     @Module({ providers: [OrdersHandler] })
     class Handlers {}
     await expect(bootMssql({ broker: { queues: { orders: {} } } }, [Handlers])).rejects.toThrow(
-      /@QueueHandler\('orders'\) on OrdersHandler: 'leaseMs' applies to table queues only; a Service Broker queue takes minReaders, maxReaders, maxAttempts, maxDurationMs, backoff here/,
+      "@QueueHandler('orders') on OrdersHandler: minReaders (3) is greater than maxReaders (2)",
+    );
+    // Over broker.queues['orders'] (with the broker defaults), as a table queue's handler over its queues entry.
+    @QueueHandler('orders', { maxReaders: 2 })
+    class Narrower {
+      async handle() {}
+    }
+    @Module({ providers: [Narrower] })
+    class NarrowerHandlers {}
+    await expect(bootMssql({ broker: { queues: { orders: { minReaders: 4 } } } }, [NarrowerHandlers])).rejects.toThrow(
+      "@QueueHandler('orders') on Narrower: minReaders (4) is greater than maxReaders (2)",
     );
   });
 

@@ -25,12 +25,12 @@ const WAIT_MS = 5_000;
 const POLL_MS = 10_000;
 
 function brokerOptions(
-  queue: { minReaders?: number; maxReaders?: number } = {},
+  queue: { minReceivers?: number; maxReceivers?: number } = {},
   extra: { setup?: 'auto' | 'print' | 'off' } = {},
 ): ResolvedBrokerOptions {
   return resolveBrokerOptions(
     {
-      queues: { orders: { minReaders: 1, maxReaders: 4, ...queue } },
+      queues: { orders: { minReceivers: 1, maxReceivers: 4, ...queue } },
       waitTimeoutMs: WAIT_MS,
       pollIntervalMs: POLL_MS,
       ...extra,
@@ -163,10 +163,10 @@ function consumerWith(
     options,
     clock,
     logger: logs,
-    workerId: 'w1',
+    onMoved: () => undefined,
     listeners: [listener],
     random: () => 0.5,
-    createReader: () => {
+    createReceiver: () => {
       const reader = makeReader(model);
       readers.push(reader);
       return reader;
@@ -180,12 +180,12 @@ function consumerWith(
       };
     },
   });
-  consumer.register(options.queues[0]!, async () => undefined);
+  consumer.register(options.queues[0]!, 5);
   const notify = (source: BrokerActivationSource = 'notification') => listenerDeps!.activate('orders', source);
   return { consumer, readers, logs, events, notify, listenerStopped: () => listenerStopped };
 }
 
-const readerCount = (consumer: BrokerConsumer) => consumer.snapshot().queues[0]!.readers;
+const readerCount = (consumer: BrokerConsumer) => consumer.snapshot().queues[0]!.receivers;
 
 describe('broker activation: the reader pool of a queue (seed 003)', () => {
   it('a notification starts one reader', async () => {
@@ -200,9 +200,9 @@ describe('broker activation: the reader pool of a queue (seed 003)', () => {
     expect(events.filter((e) => e.name === 'brokerActivated')).toEqual([
       { name: 'brokerActivated', event: { queue: 'orders', source: 'notification' } },
     ]);
-    expect(events.filter((e) => e.name === 'brokerReadersChanged').map((e) => e.event)).toEqual([
-      { queue: 'orders', readers: 1, reason: 'start' },
-      { queue: 'orders', readers: 2, reason: 'activation' },
+    expect(events.filter((e) => e.name === 'brokerReceiversChanged').map((e) => e.event)).toEqual([
+      { queue: 'orders', receivers: 1, reason: 'start' },
+      { queue: 'orders', receivers: 2, reason: 'activation' },
     ]);
     expect(consumer.snapshot().queues[0]!.lastActivationAt).toBe(0);
     await consumer.stop(1_000);
@@ -210,7 +210,7 @@ describe('broker activation: the reader pool of a queue (seed 003)', () => {
 
   it('repeated notifications never start more than maxReaders', async () => {
     const model = new QueueModel(new FakeClock());
-    const { consumer, notify } = consumerWith(brokerOptions({ maxReaders: 3 }), (m) => new FakeReader(m), model);
+    const { consumer, notify } = consumerWith(brokerOptions({ maxReceivers: 3 }), (m) => new FakeReader(m), model);
     consumer.start();
     for (let i = 0; i < 10; i++) notify();
     await settle();
@@ -222,7 +222,7 @@ describe('broker activation: the reader pool of a queue (seed 003)', () => {
     const clock = new FakeClock();
     const model = new QueueModel(clock);
     const { consumer, notify, events } = consumerWith(
-      brokerOptions({ minReaders: 2, maxReaders: 5 }),
+      brokerOptions({ minReceivers: 2, maxReceivers: 5 }),
       (m) => new FakeReader(m),
       model,
     );
@@ -243,7 +243,7 @@ describe('broker activation: the reader pool of a queue (seed 003)', () => {
     const model = new QueueModel(clock, 100);
     model.add('conversation-1', 1_000);
     const { consumer, notify } = consumerWith(
-      brokerOptions({ minReaders: 1, maxReaders: 4 }),
+      brokerOptions({ minReceivers: 1, maxReceivers: 4 }),
       (m) => new FakeReader(m),
       model,
     );
@@ -270,7 +270,7 @@ describe('broker activation: the reader pool of a queue (seed 003)', () => {
     const model = new QueueModel(clock, 100);
     for (let g = 0; g < 4; g++) model.add(`conversation-${g}`, 50);
     const { consumer, notify } = consumerWith(
-      brokerOptions({ minReaders: 1, maxReaders: 4 }),
+      brokerOptions({ minReceivers: 1, maxReceivers: 4 }),
       (m) => new FakeReader(m),
       model,
     );
@@ -289,7 +289,7 @@ describe('broker activation: the reader pool of a queue (seed 003)', () => {
     const failAt: number[] = [];
     let failures = 0;
     const { consumer, logs, readers } = consumerWith(
-      brokerOptions({ minReaders: 1, maxReaders: 1 }),
+      brokerOptions({ minReceivers: 1, maxReceivers: 1 }),
       (m) =>
         new FakeReader(m, () => {
           if (failures >= 4) return null;
@@ -315,7 +315,7 @@ describe('broker activation: the reader pool of a queue (seed 003)', () => {
     const model = new QueueModel(clock);
     const failAt: number[] = [];
     const { consumer } = consumerWith(
-      brokerOptions({ minReaders: 1, maxReaders: 1 }),
+      brokerOptions({ minReceivers: 1, maxReceivers: 1 }),
       (m) =>
         new FakeReader(m, () => {
           failAt.push(clock.now());
@@ -347,8 +347,8 @@ describe('broker activation: the reader pool of a queue (seed 003)', () => {
     expect(readers[0]!.stopCalls).toEqual([{ abortAfterMs: 30_000 }]);
     expect(readerCount(consumer)).toBe(0);
     expect(events.at(-1)).toEqual({
-      name: 'brokerReadersChanged',
-      event: { queue: 'orders', readers: 0, reason: 'stop' },
+      name: 'brokerReceiversChanged',
+      event: { queue: 'orders', receivers: 0, reason: 'stop' },
     });
     expect(consumer.snapshot().running).toBe(false);
   });
@@ -358,14 +358,14 @@ describe('broker activation: the reader pool of a queue (seed 003)', () => {
     const model = new QueueModel(clock, 3_000);
     model.add('g', 5);
     const { consumer, readers } = consumerWith(
-      brokerOptions({ minReaders: 1, maxReaders: 1 }),
+      brokerOptions({ minReceivers: 1, maxReceivers: 1 }),
       (m) => new FakeReader(m),
       model,
     );
     consumer.start();
     await clock.advance(1_000);
     expect(readers[0]!.busy).toBe(true);
-    expect(consumer.snapshot().queues[0]!.busyReaders).toBe(1);
+    expect(consumer.snapshot().queues[0]!.busyReceivers).toBe(1);
     let stopped = false;
     const stopping = consumer.stop(10_000).then(() => (stopped = true));
     await clock.advance(1_000);
@@ -381,7 +381,7 @@ describe('broker activation: the reader pool of a queue (seed 003)', () => {
     const model = new QueueModel(new FakeClock());
     const { consumer, notify } = consumerWith(brokerOptions(), (m) => new FakeReader(m), model);
     consumer.start();
-    expect(() => consumer.register(brokerOptions().queues[0]!, async () => undefined)).toThrow(/before start/);
+    expect(() => consumer.register(brokerOptions().queues[0]!, 5)).toThrow(/before start/);
     await consumer.stop(1_000);
     notify();
     await settle();
@@ -395,16 +395,16 @@ describe('broker activation: the reader pool of a queue (seed 003)', () => {
       options,
       clock: new FakeClock(),
       logger: new Logs(),
-      workerId: 'w',
+      onMoved: () => undefined,
       listeners: [],
-      createReader: () => new FakeReader(new QueueModel(new FakeClock())),
+      createReceiver: () => new FakeReader(new QueueModel(new FakeClock())),
     });
     expect(consumer.snapshot()).toEqual({
       running: false,
       listenerLastLoopAt: null,
       queues: [
-        expect.objectContaining({ queue: 'orders', consumed: false, readers: 0, minReaders: 1, maxReaders: 5 }),
-        expect.objectContaining({ queue: 'mail', consumed: false, readers: 0 }),
+        expect.objectContaining({ queue: 'orders', consumed: false, receivers: 0, minReceivers: 1, maxReceivers: 2 }),
+        expect.objectContaining({ queue: 'mail', consumed: false, receivers: 0 }),
       ],
     });
   });
@@ -418,9 +418,9 @@ describe('broker activation: the reader pool of a queue (seed 003)', () => {
       options,
       clock,
       logger: new Logs(),
-      workerId: 'w',
+      onMoved: () => undefined,
       listeners: [],
-      createReader: () => new FakeReader(new QueueModel(clock)),
+      createReceiver: () => new FakeReader(new QueueModel(clock)),
       createInitiatorReader: () => {
         const reader = new FakeReader(new QueueModel(clock));
         initiatorReaders.push(reader);
@@ -717,10 +717,10 @@ describe('broker health reading', () => {
       {
         queue: 'orders',
         consumed: true,
-        readers: 2,
-        busyReaders: 1,
-        minReaders: 1,
-        maxReaders: 4,
+        receivers: 2,
+        busyReceivers: 1,
+        minReceivers: 1,
+        maxReceivers: 4,
         lastActivationAt: 900,
         disabledSeen: false,
         notificationProblem: over.problem ?? null,
@@ -734,7 +734,7 @@ describe('broker health reading', () => {
     expect(reading).toEqual({
       healthy: true,
       problems: [],
-      details: expect.objectContaining({ consumed: true, listenerAlive: true, readers: 2, busyReaders: 1 }),
+      details: expect.objectContaining({ consumed: true, listenerAlive: true, receivers: 2, busyReceivers: 1 }),
     });
     expect(driver.paramsOf(readBrokerQueueHealth())).toEqual({
       queue: { type: 'nvarchar', value: '[sqlqueue].[orders_TargetQueue]' },
@@ -836,11 +836,11 @@ describe('broker activation: the consumer with its real listener', () => {
       options,
       clock,
       logger: new Logs(),
-      workerId: 'w1',
+      onMoved: () => undefined,
       listeners: [listener],
-      createReader: () => new FakeReader(model),
+      createReceiver: () => new FakeReader(model),
     });
-    consumer.register(queue, async () => undefined);
+    consumer.register(queue, 5);
     consumer.start();
     await settle();
     expect(readerCount(consumer)).toBe(2); // minReaders + the notification
@@ -856,7 +856,7 @@ describe('broker activation: the consumer with its real listener', () => {
         expect.objectContaining({
           queue: 'orders',
           consumed: true,
-          readers: 2,
+          receivers: 2,
           notificationProblem: null,
           disabledSeen: false,
         }),
@@ -869,9 +869,9 @@ describe('broker activation: the consumer with its real listener', () => {
 });
 
 describe('broker activation: default readers', () => {
-  it('without createReader, each reader loop runs a BrokerReader on the driver (its own reader transaction)', async () => {
+  it('without createReceiver, each loop runs a BrokerReceiver on a connection of its own, waiting in autocommit', async () => {
     const clock = new FakeClock();
-    const options = brokerOptions({ minReaders: 2, maxReaders: 2 });
+    const options = brokerOptions({ minReceivers: 2, maxReceivers: 2 });
     const double = new BrokerDriverDouble();
     double.on(/GET CONVERSATION GROUP/, () => clock.sleep(WAIT_MS).then(() => []));
     double.on(receiveNotifications(options.notificationQueue), () => clock.sleep(WAIT_MS).then(() => []));
@@ -881,17 +881,19 @@ describe('broker activation: default readers', () => {
       options,
       clock,
       logger: new Logs(),
-      workerId: 'w1',
+      onMoved: () => undefined,
       listeners: [],
     });
-    consumer.register(options.queues[0]!, async () => undefined);
+    consumer.register(options.queues[0]!, 5);
     consumer.start();
     await settle();
-    expect(double.statements('reader').filter((t) => /GET CONVERSATION GROUP/.test(t))).toHaveLength(2);
+    expect(double.statements('connection').filter((t) => /GET CONVERSATION GROUP/.test(t))).toHaveLength(2);
+    expect(double.connections).toHaveLength(2);
     await clock.advance(WAIT_MS);
     expect(readerCount(consumer)).toBe(2);
-    await consumer.stop(1_000); // each reader cancels its idle wait and commits
-    expect(double.calls.filter((c) => c.kind === 'cancel')).toHaveLength(3); // two readers and the listener
+    await consumer.stop(1_000); // each receiver cancels its idle wait and closes its connection
+    expect(double.calls.filter((c) => c.kind === 'cancel')).toHaveLength(3); // two receivers and the listener
+    expect(double.statements('reader').filter((t) => /GET CONVERSATION GROUP/.test(t))).toEqual([]);
     double.assertDiscipline({ allEnded: true });
   });
 
@@ -905,7 +907,7 @@ describe('broker activation: default readers', () => {
       options,
       clock,
       logger: new Logs(),
-      workerId: 'w1',
+      onMoved: () => undefined,
       listeners: [],
     });
     consumer.registerInitiator(options.queues[0]!);

@@ -3,7 +3,7 @@ import { BrokerDoorbell } from '../../lib/src/broker/broker.doorbell.js';
 import { doorbellRingPending, receiveRings } from '../../lib/src/broker/broker.doorbell.queries.js';
 import { BROKER_SYSTEM } from '../../lib/src/broker/broker.names.js';
 import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
-import { endConversation } from '../../lib/src/broker/broker.reader.queries.js';
+import { endConversation } from '../../lib/src/broker/broker.receiver.queries.js';
 import { BrokerSender } from '../../lib/src/broker/broker.sender.js';
 import { brokerSetupBatches, brokerSetupScript } from '../../lib/src/broker/broker.setup.js';
 import { lockDialog, openDialog } from '../../lib/src/broker/broker.sender.queries.js';
@@ -11,6 +11,7 @@ import { silentLogger } from '../../lib/src/core/logger.js';
 import { BrokerDriverDouble, type HeldStatement } from '../helpers/broker-driver-double.js';
 import { CaptureLogger } from '../helpers/capture-logger.js';
 import { FakeClock } from '../helpers/fake-clock.js';
+import { MSSQL_OWN_TRANSACTION_GUARD } from '../../lib/src/store/mssql/mssql.queries.js';
 import { checkTsqlWithKnownGaps } from '../helpers/tsql-grammar.js';
 
 const options = resolveBrokerOptions({ queues: { orders: {} }, doorbell: true }, 'app', [])!;
@@ -150,6 +151,9 @@ describe('the table-queue doorbell (SQL Server)', () => {
   it.each([
     ['doorbellRingPending', doorbellRingPending(doorbell)],
     ['receiveRings', receiveRings(doorbell.queue)],
+    // The first statements of transactions the driver begins carry the own-transaction guard.
+    ['doorbellRingPending behind the guard', `${MSSQL_OWN_TRANSACTION_GUARD}${doorbellRingPending(doorbell)}`],
+    ['receiveRings behind the guard', `${MSSQL_OWN_TRANSACTION_GUARD}${receiveRings(doorbell.queue)}`],
     ...brokerSetupBatches(options).map((text, i): [string, string] => [`setup batch ${i}`, text]),
   ])('%s parses as T-SQL', (_name, text) => {
     expect(checkTsqlWithKnownGaps(text).errors).toEqual([]);

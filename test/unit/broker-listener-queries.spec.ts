@@ -3,8 +3,10 @@ import {
   endBrokenNotificationDialog,
   pollBrokerQueue,
   readBrokerQueueHealth,
+  readBrokerQueueLocks,
   receiveNotifications,
 } from '../../lib/src/broker/broker.listener.queries.js';
+import { MSSQL_OWN_TRANSACTION_GUARD } from '../../lib/src/store/mssql/mssql.queries.js';
 import { checkTsqlWithKnownGaps } from '../helpers/tsql-grammar.js';
 
 /** Every statement of the activation listener, the slow poll and the health reading. */
@@ -12,9 +14,14 @@ function everyStatement(schema: string): [string, string][] {
   const queue = { schema, name: 'orders_TargetQueue' };
   return [
     ['receive notifications', receiveNotifications({ schema, name: 'BrokerActivationQueue' })],
+    [
+      'receive notifications behind the own-transaction guard',
+      `${MSSQL_OWN_TRANSACTION_GUARD}${receiveNotifications({ schema, name: 'BrokerActivationQueue' })}`,
+    ],
     ['end broken notification dialog', endBrokenNotificationDialog()],
     ['poll queue', pollBrokerQueue(queue)],
     ['queue health', readBrokerQueueHealth()],
+    ['queue locks', readBrokerQueueLocks()],
   ];
 }
 

@@ -19,10 +19,10 @@ function setup(brokerStats: () => Promise<{ messagesWaiting: number; dead: numbe
       {
         queue: 'orders',
         consumed: true,
-        readers: 3,
-        busyReaders: 1,
-        minReaders: 1,
-        maxReaders: 5,
+        receivers: 3,
+        busyReceivers: 1,
+        minReceivers: 1,
+        maxReceivers: 5,
         lastActivationAt: null,
         disabledSeen: false,
         notificationProblem: null,
@@ -49,12 +49,10 @@ function setup(brokerStats: () => Promise<{ messagesWaiting: number; dead: numbe
 }
 
 describe('Service Broker figures in SqlQueueMetrics and Prometheus', () => {
-  it('reads messages waiting, dead messages, endpoints, readers and the event counts', async () => {
+  it('reads messages waiting, dead jobs, endpoints, receivers and the event counts', async () => {
     const { metrics, exporter, listeners } = setup(async () => ({ messagesWaiting: 12, dead: 2 }));
-    safeEmit(listeners, 'brokerHandled', { queue: 'orders', attempt: 1, durationMs: 5 });
-    safeEmit(listeners, 'brokerFailed', { queue: 'orders', attempt: 1, dead: false, error: 'x' });
-    safeEmit(listeners, 'brokerDeadLettered', { queue: 'orders', reason: 'crashes', count: 1 });
-    safeEmit(listeners, 'brokerDeadLettered', { queue: 'orders', reason: 'conversation-ended', count: 3 });
+    safeEmit(listeners, 'brokerMoved', { queue: 'orders', received: 5, moved: 4, ended: 1 });
+    safeEmit(listeners, 'brokerMoved', { queue: 'orders', received: 3, moved: 3, ended: 0 });
     safeEmit(listeners, 'brokerActivated', { queue: 'orders', source: 'poll' });
     safeEmit(listeners, 'brokerNotificationLost', { queue: 'orders', problem: 'dropped', recreated: true });
 
@@ -65,10 +63,11 @@ describe('Service Broker figures in SqlQueueMetrics and Prometheus', () => {
       queues: [
         {
           queue: 'orders',
-          readers: 3,
-          busyReaders: 1,
-          handled: 1,
-          failed: 1,
+          receivers: 3,
+          busyReceivers: 1,
+          received: 8,
+          moved: 7,
+          ended: 1,
           database: { messagesWaiting: 12, dead: 2 },
         },
       ],
@@ -78,15 +77,15 @@ describe('Service Broker figures in SqlQueueMetrics and Prometheus', () => {
     const value = (name: string, labels: Record<string, string> = {}) => sampleValue(text, name, labels);
     expect(value('sqlqueue_broker_up')).toBe(1);
     expect(value('sqlqueue_broker_messages_waiting', { queue: 'orders' })).toBe(12);
-    expect(value('sqlqueue_broker_dead_messages', { queue: 'orders' })).toBe(2);
-    expect(value('sqlqueue_broker_readers', { queue: 'orders', state: 'busy' })).toBe(1);
-    expect(value('sqlqueue_broker_readers', { queue: 'orders', state: 'idle' })).toBe(2);
+    expect(value('sqlqueue_broker_receivers', { queue: 'orders', state: 'busy' })).toBe(1);
+    expect(value('sqlqueue_broker_receivers', { queue: 'orders', state: 'idle' })).toBe(2);
     expect(value('sqlqueue_broker_conversation_endpoints', { state: 'DISCONNECTED_INBOUND' })).toBe(1);
-    expect(value('sqlqueue_broker_messages_handled_total', { queue: 'orders' })).toBe(1);
-    expect(value('sqlqueue_broker_messages_failed_total', { queue: 'orders' })).toBe(1);
-    expect(value('sqlqueue_broker_poison_moves_total', { queue: 'orders', reason: 'crashes' })).toBe(1);
-    expect(value('sqlqueue_broker_poison_moves_total', { queue: 'orders', reason: 'conversation-ended' })).toBe(3);
-    expect(value('sqlqueue_broker_poison_moves_total', { queue: 'orders', reason: 'max-attempts' })).toBe(0);
+    expect(value('sqlqueue_broker_messages_moved_total', { queue: 'orders' })).toBe(7);
+    expect(value('sqlqueue_broker_conversations_ended_total', { queue: 'orders' })).toBe(1);
+    // Handled, failed and dead messages are the table queue's figures now (sqlqueue_jobs_*).
+    expect(
+      [...text.keys()].filter((name) => /^sqlqueue_broker_(messages_handled|messages_failed|dead|poison)/.test(name)),
+    ).toEqual([]);
     expect(value('sqlqueue_broker_activations_total', { queue: 'orders', source: 'poll' })).toBe(1);
     expect(value('sqlqueue_broker_notification_lost_total', { queue: 'orders' })).toBe(1);
     exporter.onApplicationShutdown();
@@ -100,12 +99,12 @@ describe('Service Broker figures in SqlQueueMetrics and Prometheus', () => {
     expect(reading).toMatchObject({
       ok: false,
       error: 'login failed',
-      queues: [{ queue: 'orders', readers: 3, database: null }],
+      queues: [{ queue: 'orders', receivers: 3, database: null }],
     });
     const text = parsePrometheusText(await exporter.metrics());
     expect(sampleValue(text, 'sqlqueue_broker_up', {})).toBe(0);
     expect(sampleValue(text, 'sqlqueue_broker_messages_waiting', { queue: 'orders' })).toBeUndefined();
-    expect(sampleValue(text, 'sqlqueue_broker_readers', { queue: 'orders', state: 'busy' })).toBe(1);
+    expect(sampleValue(text, 'sqlqueue_broker_receivers', { queue: 'orders', state: 'busy' })).toBe(1);
     exporter.onApplicationShutdown();
   });
 });

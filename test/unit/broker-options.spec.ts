@@ -50,14 +50,35 @@ describe('resolveBrokerOptions: defaults', () => {
       activationNotification: 'sqlqueue_activation',
       disabledNotification: 'sqlqueue_disabled',
       format: 'json',
-      minReaders: 1,
-      maxReaders: 5,
-      maxAttempts: 5,
-      messagesPerTransaction: 10,
-      maxDurationMs: 3_600_000,
+      minReceivers: 1,
+      maxReceivers: 2,
+      messagesPerTransaction: 100,
+      handlerOptions: { maxAttempts: 5, backoff: BROKER_DEFAULT_BACKOFF, groupBatchSize: 10 },
     });
-    expect(oneQueue({ maxDurationMs: null })!.queues[0]!.maxDurationMs).toBeNull();
-    expect(oneQueue({ minReaders: 8 })!.queues[0]!.maxReaders).toBe(8);
+    expect(oneQueue({ minReceivers: 3 })!.queues[0]!.maxReceivers).toBe(3);
+    expect(() => oneQueue({ minReceivers: 3, maxReceivers: 2 })).toThrow(
+      "broker.queues['orders']: minReceivers (3) is greater than maxReceivers (2)",
+    );
+    expect(() => oneQueue({ messagesPerTransaction: 1_001 })).toThrow(
+      /messagesPerTransaction must be an integer from 1 to 1000/,
+    );
+  });
+
+  it('takes the table-queue options of its handlers, validated, over the broker defaults', () => {
+    const q = oneQueue({ maxReaders: 20, maxAttempts: 9, leaseMs: 5_000, groupOnDead: 'block', maxDurationMs: null })!
+      .queues[0]!;
+    expect(q.handlerOptions).toEqual({
+      maxAttempts: 9,
+      backoff: BROKER_DEFAULT_BACKOFF,
+      groupBatchSize: 10,
+      maxReaders: 20,
+      leaseMs: 5_000,
+      groupOnDead: 'block',
+      maxDurationMs: null,
+    });
+    expect(() => oneQueue({ leaseMs: 1 })).toThrow(/broker.queues\['orders'\].leaseMs must be an integer/);
+    expect(() => oneQueue({ groupOnDead: 'skip' as never })).toThrow(/groupOnDead must be 'continue' or 'block'/);
+    expect(() => oneQueue({ receivers: 2 } as never)).toThrow(/receivers/);
   });
 
   it('backs off exponentially from 1 s, doubling, up to 1 min, with equal jitter', () => {
@@ -68,15 +89,6 @@ describe('resolveBrokerOptions: defaults', () => {
       maxMs: 60_000,
       jitter: 'equal',
     });
-    const delay = resolve({ queues: { orders: {} } })!.queues[0]!.retryDelay;
-    for (let i = 0; i < 20; i++) {
-      expect(delay(1, null)).toBeGreaterThanOrEqual(500);
-      expect(delay(1, null)).toBeLessThanOrEqual(1_000);
-      expect(delay(3, null)).toBeGreaterThanOrEqual(2_000);
-      expect(delay(20, null)).toBeGreaterThanOrEqual(30_000);
-      expect(delay(20, null)).toBeLessThanOrEqual(60_000);
-    }
-    expect(oneQueue({ backoff: { type: 'fixed', delayMs: 250 } })!.queues[0]!.retryDelay(7, null)).toBe(250);
   });
 
   it('takes explicit names, queues in another schema and every format', () => {
@@ -213,6 +225,8 @@ describe('resolveBrokerOptions: errors', () => {
     q({ maxAttempts: 10_001 }, `${at}.maxAttempts must be an integer from 1 to 10000, got 10001`);
     q({ messagesPerTransaction: 0 }, `${at}.messagesPerTransaction must be an integer from 1 to 1000, got 0`);
     q({ messagesPerTransaction: 1_001 }, `${at}.messagesPerTransaction must be an integer from 1 to 1000, got 1001`);
+    q({ minReceivers: 0 }, `${at}.minReceivers must be an integer from 1 to 100, got 0`);
+    q({ maxReceivers: 101 }, `${at}.maxReceivers must be an integer from 1 to 100, got 101`);
     q({ maxDurationMs: 0 }, `${at}.maxDurationMs must be an integer from 1 to 2147483647, got 0`);
     q(
       { backoff: { type: 'fixed', delayMs: -1 } },

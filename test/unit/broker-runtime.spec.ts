@@ -6,7 +6,7 @@ import {
   checkBrokerSetup,
   type BrokerRuntimeDeps,
 } from '../../lib/src/broker/broker.runtime.js';
-import { sweepOrphanedAttempts } from '../../lib/src/broker/broker.reader.queries.js';
+import { endClosedConversation } from '../../lib/src/broker/broker.receiver.queries.js';
 import { brokerObservationQuery, brokerSetupBatches } from '../../lib/src/broker/broker.setup.js';
 import type { BrokerRow, ResolvedBrokerOptions } from '../../lib/src/broker/broker.types.js';
 import { SqlQueueConfigError } from '../../lib/src/core/errors.js';
@@ -14,6 +14,7 @@ import { silentLogger, type QueueLogger } from '../../lib/src/core/logger.js';
 import type { MssqlQueueStore } from '../../lib/src/store/mssql/mssql.store.js';
 import { healthyBrokerObservationRows } from '../helpers/broker-observation.js';
 import { BrokerDriverDouble } from '../helpers/broker-driver-double.js';
+import { deadJobRecord } from '../helpers/job-records.js';
 
 const resolve = (setup: 'auto' | 'print' | 'off'): ResolvedBrokerOptions =>
   resolveBrokerOptions({ queues: { orders: {}, invoices: { format: 'xml' } }, setup }, 'sqlqueue', [])!;
@@ -60,6 +61,22 @@ describe('the Service Broker boot check', () => {
     driver.assertDiscipline({ allEnded: true });
   });
 
+  it('logs a warning setup does not cure once, though both observations see it', async () => {
+    const options = resolve('auto');
+    const driver = new BrokerDriverDouble();
+    const poisonOn = (rows: BrokerRow[]) =>
+      rows.map((row) =>
+        row.Kind === 'queue' && row.Name === options.queues[1]!.queue.name ? { ...row, PoisonHandling: true } : row,
+      );
+    const healthy = poisonOn(healthyBrokerObservationRows(options));
+    const missingQueue = healthy.filter((row) => !(row.Kind === 'queue' && row.Name === options.queues[0]!.queue.name));
+    observing(driver, options, missingQueue, healthy);
+    const logger = recordingLogger();
+    await checkBrokerSetup(driver, options, logger);
+    expect(driver.statements('autocommit').filter((t) => t === brokerObservationQuery(options).text)).toHaveLength(2);
+    expect(logger.lines.filter((l) => l.startsWith('warn') && l.includes('POISON_MESSAGE_HANDLING'))).toHaveLength(1);
+  });
+
   it('fails when the setup ran and objects are still missing, instead of looping', async () => {
     const options = resolve('auto');
     const driver = new BrokerDriverDouble();
@@ -96,12 +113,11 @@ describe('the Service Broker boot check', () => {
   });
 });
 
-/** What createBrokerRuntime passes a runtime, minus the store (the runtime itself never reads it). */
-const deps = (options: ResolvedBrokerOptions): BrokerRuntimeDeps => ({
-  store: {} as MssqlQueueStore,
+/** What createBrokerRuntime passes a runtime; the store only answers listDead and stats. */
+const deps = (options: ResolvedBrokerOptions, store: Partial<MssqlQueueStore> = {}): BrokerRuntimeDeps => ({
+  store: store as MssqlQueueStore,
   options,
   logger: silentLogger,
-  workerId: 'test:1',
   listeners: [],
   maxPayloadBytes: 1024,
   consume: true,
@@ -115,7 +131,8 @@ describe('the Service Broker runtime facade', () => {
     expect(runtime.queue('orders')?.name).toBe('orders');
     expect(runtime.queue('emails')).toBeUndefined();
     expect(() => runtime.send('emails', { a: 1 })).toThrow(/'emails' is not a broker queue/);
-    expect(() => runtime.register('emails', async () => undefined)).toThrow(/'emails' is not a broker queue/);
+    expect(() => runtime.register('emails', { maxAttempts: 5 })).toThrow(/'emails' is not a broker queue/);
+    expect(() => runtime.jobHandler('emails', async () => undefined)).toThrow(/'emails' is not a broker queue/);
     expect(driver.calls).toEqual([]);
   });
 
@@ -127,22 +144,11 @@ describe('the Service Broker runtime facade', () => {
     expect(driver.calls).toEqual([]);
   });
 
-  it('refuses a handler that raised maxReaders past the reader pool it was sized for', () => {
-    const options = resolve('auto');
-    // 5 + 5 readers, the listener, 2 initiator queues: what createBrokerRuntime sizes.
-    const runtime = new BrokerRuntime(new BrokerDriverDouble(), deps(options), 13);
-    runtime.register('invoices', async () => undefined);
-    options.queues[0]!.maxReaders = 6; // as a factory provider's @QueueHandler options would, at module init
-    expect(() => runtime.register('orders', async () => undefined)).toThrow(
-      /broker queue 'orders': its handler sets maxReaders 6 after the Service Broker reader pool was sized \(13 connections\)/,
-    );
-  });
-
   it('reports every declared queue in its snapshot, consumed or not, and closes the reader pool once', async () => {
     const options = resolve('auto');
     const driver = new BrokerDriverDouble();
     const runtime = new BrokerRuntime(driver, deps(options));
-    runtime.register('orders', async () => undefined);
+    runtime.register('orders', { maxAttempts: 5 });
     const snapshot = runtime.snapshot();
     expect(snapshot.queues.map((q) => [q.queue, q.consumed])).toEqual([
       ['orders', true],
@@ -176,22 +182,70 @@ describe('the Service Broker runtime facade', () => {
   });
 });
 
-describe('the attempt journal sweep', () => {
-  it('sweeps the queues this process consumes, in batches of 1,000 until a short one, and never throws', async () => {
+describe('the Service Broker runtime: dead messages and the close handshake', () => {
+  it("a Close message's job ends its conversation on the shared pool (already ended is fine), and never reaches the handler", async () => {
     const options = resolve('auto');
-    const driver = new BrokerDriverDouble();
-    const orders = options.queues.find((q) => q.name === 'orders')!;
-    const sweep = sweepOrphanedAttempts(options.schema, orders.queue);
-    driver.once(sweep, () => [{ Deleted: 1000 }]).once(sweep, () => [{ Deleted: 7 }]);
+    const driver = new BrokerDriverDouble({ strict: true });
+    driver.on(endClosedConversation(), () => []);
     const runtime = new BrokerRuntime(driver, deps(options));
-    runtime.register('orders', async () => undefined);
-    await expect(runtime.sweepJournal()).resolves.toBe(1007);
-    // Only the consumed queue ('invoices' is declared, not consumed here: its queue may not be readable).
-    expect(driver.statements('autocommit')).toEqual([sweep, sweep]);
-    expect(driver.paramsOf(sweep)).toEqual({ queue: { type: 'nvarchar', value: 'orders' } });
-    driver.on(sweep, () => {
-      throw new Error('connection lost');
+    const handled: unknown[] = [];
+    const job = runtime.jobHandler('orders', async (body) => void handled.push(body));
+    const handle = '11111111-2222-3333-4444-555555555555';
+    await job(
+      {
+        type: options.queues[0]!.closeMessageType,
+        conversationHandle: handle,
+        conversationGroupId: handle,
+        sequence: '7',
+      },
+      { jobId: '1' } as never,
+    );
+    expect(handled).toEqual([]);
+    expect(driver.statements('autocommit')).toEqual([endClosedConversation()]);
+    expect(driver.paramsOf(endClosedConversation())).toEqual({ handle: { type: 'uniqueidentifier', value: handle } });
+    expect(endClosedConversation()).toMatch(/IF ERROR_NUMBER\(\) NOT IN \(8426, 8427\) THROW;/);
+  });
+
+  it('lists dead messages from the dead jobs of its table queue, decoded, validating the page before any SQL', async () => {
+    const options = resolve('auto');
+    const listDead = vi.fn(async () => ({
+      jobs: [
+        deadJobRecord({
+          id: '42',
+          queue: 'orders',
+          payload: {
+            type: options.queues[0]!.messageType,
+            conversationHandle: 'H',
+            conversationGroupId: 'G',
+            sequence: '3',
+            text: JSON.stringify({ order: 7 }),
+          },
+          groupKey: 'G',
+        }),
+      ],
+      nextAfterId: null,
+    }));
+    const runtime = new BrokerRuntime(new BrokerDriverDouble({ strict: true }), deps(options, { listDead }));
+    await expect(runtime.listDeadMessages('orders', { limit: 10 })).resolves.toEqual({
+      messages: [
+        {
+          id: '42',
+          queue: 'orders',
+          conversationHandle: 'H',
+          conversationGroupId: 'G',
+          messageSequenceNumber: '3',
+          messageTypeName: options.queues[0]!.messageType,
+          body: { order: 7 },
+          attempts: 5,
+          lastError: 'boom',
+          deadAt: new Date(1),
+        },
+      ],
+      nextAfterId: null,
     });
-    await expect(runtime.sweepJournal()).resolves.toBe(0);
+    expect(listDead).toHaveBeenCalledWith('orders', { limit: 10, afterId: null });
+    await expect(runtime.listDeadMessages('orders', { limit: 0 })).rejects.toThrow(/limit/);
+    await expect(runtime.listDeadMessages('orders', { afterId: 'x' })).rejects.toThrow(/id/);
+    expect(listDead).toHaveBeenCalledTimes(1);
   });
 });

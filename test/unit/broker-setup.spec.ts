@@ -25,6 +25,7 @@ import type {
 } from '../../lib/src/broker/broker.types.js';
 import { SqlQueueConfigError } from '../../lib/src/core/errors.js';
 import { CUSTOM_BROKER_NAMES, healthyBrokerObservationRows as healthyRows } from '../helpers/broker-observation.js';
+import { MSSQL_OWN_TRANSACTION_GUARD } from '../../lib/src/store/mssql/mssql.queries.js';
 import { checkTsqlWithKnownGaps } from '../helpers/tsql-grammar.js';
 
 const resolve = (raw: BrokerOptions, schema = 'sqlqueue') => resolveBrokerOptions(raw, schema, [])!;
@@ -87,6 +88,7 @@ describe.each(Object.entries(CONFIGS))('broker setup SQL (%s names)', (_label, o
     ...batchesOf(brokerGrantsScript(options, GRANTEES)),
     brokerObservationQuery(options).text,
     brokerSetupLock(options.schema).text,
+    `${MSSQL_OWN_TRANSACTION_GUARD}${brokerSetupLock(options.schema).text}`,
     brokerEnableStatement(),
     brokerEnableQueueStatement(options.queues[0]!.queue),
   ];
@@ -143,7 +145,7 @@ describe.each(Object.entries(CONFIGS))('broker setup SQL (%s names)', (_label, o
     for (const q of options.queues) {
       for (const queue of [q.queue, q.initiatorQueue]) {
         expect(script).toContain(
-          `CREATE QUEUE [${queue.schema}].[${queue.name}] WITH STATUS = ON, RETENTION = OFF, POISON_MESSAGE_HANDLING (STATUS = ON);`,
+          `CREATE QUEUE [${queue.schema}].[${queue.name}] WITH STATUS = ON, RETENTION = OFF, POISON_MESSAGE_HANDLING (STATUS = OFF);`,
         );
       }
       expect(script).toContain(
@@ -223,7 +225,13 @@ describe('brokerGrantsScript', () => {
     expect(script).toContain('GRANT RECEIVE ON [sqlqueue].[orders_TargetQueue] TO [r];');
     expect(script).toContain('GRANT RECEIVE ON [sqlqueue].[BrokerActivationQueue] TO [r];');
     expect(script).toContain('GRANT VIEW DEFINITION ON SERVICE::[nestjs-sql-queue/sqlqueue/activation] TO [r];');
-    expect(script).toContain('GRANT SELECT, INSERT, UPDATE, DELETE ON [sqlqueue].[BrokerAttempts] TO [r];');
+    expect(script).not.toMatch(/BrokerAttempts|BrokerDead/);
+    // Receivers enqueue, and every process runs the store: the table queue's runtime grants, for both roles.
+    for (const to of ['[r]', '[DOMAIN\\s x]']) {
+      expect(script).toContain(`GRANT SELECT, INSERT, UPDATE, DELETE ON SCHEMA::[sqlqueue] TO ${to};`);
+      expect(script).toContain(`GRANT UPDATE ON OBJECT::[sqlqueue].[JobIdSequence] TO ${to};`);
+      expect(script).toContain(`GRANT EXECUTE ON TYPE::[sqlqueue].[JobInputListV3] TO ${to};`);
+    }
     expect(script).toContain('GRANT SEND ON SERVICE::[nestjs-sql-queue/sqlqueue/orders/target] TO [DOMAIN\\s x];');
     expect(script).toContain('GRANT RECEIVE ON [sqlqueue].[orders_InitiatorQueue] TO [DOMAIN\\s x];');
     expect(script).toContain(
@@ -271,7 +279,7 @@ const edits: Record<string, Edit> = {
       ActivationEnabled: true,
       ActivationProcedure: '[db].[dbo].[p]',
     }),
-  poisonOff: (rows) => (find(rows, 'queue', orders.queue.name).PoisonHandling = false),
+  poisonOn: (rows) => (find(rows, 'queue', orders.queue.name).PoisonHandling = true),
   serviceElsewhere: (rows) => (find(rows, 'service', orders.service).OnQueue = 'dbo.Other'),
   serviceWithoutContract: (rows) => (find(rows, 'service', orders.service).HasContract = false),
   notificationMisdirected: (rows) => (rows.find((r) => r.Kind === 'eventNotification')!.TargetService = 'elsewhere'),
@@ -295,7 +303,7 @@ describe('assessBrokerSetup', () => {
     ['notificationMissing', ['event notification [sqlqueue_activation] on queue [sqlqueue].[orders_TargetQueue]'], []],
     ['queueDisabled', [], ['queue-disabled']],
     ['internalActivation', [], ['internal-activation']],
-    ['poisonOff', [], ['poison-handling-off']],
+    ['poisonOn', [], ['poison-handling-on']],
     ['serviceElsewhere', [], ['service-queue']],
     ['serviceWithoutContract', [], ['service-contract']],
     ['notificationMisdirected', [], ['notification-target']],
@@ -337,7 +345,7 @@ describe('brokerBootDecision', () => {
   it.each([
     ['healthy', 'auto', 'ok'],
     ['healthy', 'off', 'ok'],
-    ['poisonOff', 'off', 'ok'],
+    ['poisonOn', 'off', 'ok'],
     ['queueMissing', 'auto', 'setup'],
     ['queueMissing', 'print', 'fail'],
     ['queueMissing', 'off', 'fail'],
@@ -402,11 +410,11 @@ describe('brokerBootDecision', () => {
   });
 
   it('keeps warnings apart from failures', () => {
-    expect(brokerBootDecision(assess('poisonOff'), withMode('auto'))).toEqual({
+    expect(brokerBootDecision(assess('poisonOn'), withMode('auto'))).toEqual({
       action: 'ok',
       warnings: [
         expect.stringMatching(
-          /POISON_MESSAGE_HANDLING \(STATUS = OFF\).*WITH POISON_MESSAGE_HANDLING \(STATUS = ON\);$/,
+          /POISON_MESSAGE_HANDLING \(STATUS = ON\): five rolled-back receives by any session.*WITH POISON_MESSAGE_HANDLING \(STATUS = OFF\);$/,
         ),
       ],
     });

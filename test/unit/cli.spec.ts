@@ -67,7 +67,7 @@ describe('nestjs-sql-queue sql', () => {
 
   it('--from the latest version prints no migration but a valid, repeatable script', async () => {
     expect(PG_LATEST_VERSION).toBe(7);
-    expect(MSSQL_LATEST_VERSION).toBe(10);
+    expect(MSSQL_LATEST_VERSION).toBe(11);
     const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '7');
     expect(pg.code).toBe(0);
     expect(pg.stdout).toBe(pgInstallScript('demo', 7));

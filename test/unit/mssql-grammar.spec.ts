@@ -13,8 +13,11 @@ import {
 import {
   CLAIMABLE_GROUP,
   WAITING_GROUP,
+  MSSQL_AUTOCOMMIT_SESSION,
   MSSQL_CALLER_TRANSACTION_GONE,
+  MSSQL_NESTED_OWN_TRANSACTION,
   MSSQL_NO_STORE_TRANSACTION,
+  MSSQL_OWN_TRANSACTION_GUARD,
   MSSQL_OPEN_TRANSACTION,
   MSSQL_STORE_SESSION,
   MSSQL_STORE_TRANSACTION_SESSION,
@@ -35,8 +38,9 @@ function everyBatch(schema: string): [string, string][] {
   for (const migration of MSSQL_MIGRATIONS) {
     migration.batches(schema).forEach((text, i) => batches.push([`migration ${migration.version}.${i}`, text]));
   }
-  batches.push(['migration lock', mssqlMigrationLock()]);
+  batches.push(['migration lock', `${MSSQL_OWN_TRANSACTION_GUARD}${mssqlMigrationLock()}`]);
   batches.push(['read version', mssqlReadVersion(schema)]);
+  batches.push(['read version in autocommit', `${MSSQL_AUTOCOMMIT_SESSION}${mssqlReadVersion(schema)}`]);
   batches.push(['record version', mssqlRecordVersion(schema)]);
   batches.push(['drop schema', mssqlDropSchema()]);
   mssqlInstallScript(schema)
@@ -1085,7 +1089,10 @@ describe('recurring jobs (issue 13)', () => {
     const lines = MSSQL_STORE_TRANSACTION_SESSION.trim().split('\n');
     expect(lines[0]).toBe('IF @@TRANCOUNT = 0');
     expect(lines[1]).toMatch(new RegExp(`^\\s+THROW ${MSSQL_NO_STORE_TRANSACTION}, N'nestjs-sql-queue: .+', 1;$`));
-    expect(lines.slice(2)).toEqual([
+    // Nor nested in a transaction the pooled connection already had: its commit would commit nothing.
+    expect(lines[2]).toBe('IF @@TRANCOUNT > 1');
+    expect(lines[3]).toMatch(new RegExp(`^\\s+THROW ${MSSQL_NESTED_OWN_TRANSACTION}, N'nestjs-sql-queue: .+', 1;$`));
+    expect(lines.slice(4)).toEqual([
       'SET NOCOUNT ON;',
       'SET IMPLICIT_TRANSACTIONS OFF;',
       'SET ROWCOUNT 0;',

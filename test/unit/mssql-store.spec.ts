@@ -3,8 +3,16 @@ import { afterEach, describe, expect, it, vi } from 'vitest';
 import { SqlQueueError, SqlQueueTransactionError, SqlQueueValidationError } from '../../lib/src/core/errors.js';
 import { DONE_SCAN_LIMIT, THROUGHPUT_RETENTION_MS, type JobState } from '../../lib/src/core/types.js';
 import { prepareJob } from '../../lib/src/core/validation.js';
-import { MSSQL_MIGRATIONS } from '../../lib/src/store/mssql/mssql.migrations.js';
-import { MSSQL_OPEN_TRANSACTION, mssqlQueries } from '../../lib/src/store/mssql/mssql.queries.js';
+import {
+  MSSQL_LATEST_VERSION,
+  MSSQL_MIGRATIONS,
+  mssqlReadVersion,
+} from '../../lib/src/store/mssql/mssql.migrations.js';
+import {
+  MSSQL_AUTOCOMMIT_SESSION,
+  MSSQL_OPEN_TRANSACTION,
+  mssqlQueries,
+} from '../../lib/src/store/mssql/mssql.queries.js';
 import { MssqlQueueStore } from '../../lib/src/store/mssql/mssql.store.js';
 import { isLockConflict } from '../../lib/src/store/mssql/mssql.errors.js';
 
@@ -26,9 +34,13 @@ const resultSets = (...sets: Rows[]) => ({ sets });
  * can be checked without a server. The SQL itself is checked by the grammar gate and, against
  * a real SQL Server, by the contract suite.
  */
-function scriptedStore(answer: Answer, options: { ownsPool?: boolean } = {}): { store: MssqlQueueStore; sent: Sent[] } {
+function scriptedStore(
+  answer: Answer,
+  options: { ownsPool?: boolean } = {},
+): { store: MssqlQueueStore; sent: Sent[]; texts: string[] } {
   const byText = new Map(Object.entries(mssqlQueries('sqlqueue')).map(([name, text]) => [text, name]));
   const sent: Sent[] = [];
+  const texts: string[] = [];
   let closed = false;
   const pool = {
     get connected() {
@@ -45,6 +57,7 @@ function scriptedStore(answer: Answer, options: { ownsPool?: boolean } = {}): { 
           return request;
         },
         async query(text: string) {
+          texts.push(text);
           const entry = { name: byText.get(text) ?? 'unknown', inputs };
           sent.push(entry);
           const answered = answer(entry);
@@ -58,6 +71,7 @@ function scriptedStore(answer: Answer, options: { ownsPool?: boolean } = {}): { 
   return {
     store: new MssqlQueueStore(pool as unknown as sql.ConnectionPool, options.ownsPool ?? false, 'sqlqueue'),
     sent,
+    texts,
   };
 }
 
@@ -155,6 +169,17 @@ describe('MssqlQueueStore refuses a connection with an open transaction (issue 1
     ]);
     expect(calls).toBe(2);
     expect(isLockConflict(serverError(601, 'scan'))).toBe(true);
+  });
+});
+
+describe('MssqlQueueStore reads the schema version in autocommit with the session guard (review 2, R2-6)', () => {
+  it("migrate('check') sends one guarded query through sp_executesql, never a plain batch", async () => {
+    const { store, texts } = scriptedStore(() => [{ Version: MSSQL_LATEST_VERSION }]);
+    expect(await store.migrate('check')).toEqual({ current: MSSQL_LATEST_VERSION, latest: MSSQL_LATEST_VERSION });
+    // IMPLICIT_TRANSACTIONS OFF before the SELECT: a pooled connection left with it on would
+    // otherwise keep a transaction open after the read. The scripted pool has no batch().
+    expect(texts).toEqual([`${MSSQL_AUTOCOMMIT_SESSION}${mssqlReadVersion('sqlqueue')}`]);
+    expect(MSSQL_AUTOCOMMIT_SESSION).toContain('SET IMPLICIT_TRANSACTIONS OFF;');
   });
 });
 

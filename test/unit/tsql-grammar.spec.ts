@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import { everyBrokerTestStatement } from '../helpers/broker-test-queries.js';
 import { everyTestStatement } from '../helpers/mssql-test-queries.js';
+import { everyServerFactStatement } from '../helpers/server-facts-queries.js';
 import {
   checkTsql,
   checkTsqlWithKnownGaps,
@@ -404,6 +405,7 @@ describe('every T-SQL statement the SQL Server tests send themselves parses as T
   const statements: [string, string][] = [
     ...everyTestStatement('t_conc_0a1b2c3d'),
     ...everyBrokerTestStatement('t_brk_0a1b2c3d'),
+    ...everyServerFactStatement('t_facts_0a1b2c3d'),
     ...SETUP_SCRIPT.split(/^GO$/m)
       .filter((batch) => batch.replace(/--.*$/gm, '').trim() !== '')
       .map((batch, i): [string, string] => [`create-databases.sql batch ${i}`, batch]),
@@ -425,6 +427,7 @@ describe('every T-SQL statement the SQL Server tests send themselves parses as T
     'ALLOW_SNAPSHOT_ISOLATION',
     'ENABLE_BROKER',
     'DISABLE_BROKER',
+    'LOCK_TIMEOUT',
   ];
   it.each(statements)('%s sets only documented options', (_name, text) => {
     const set = [...text.replace(/--.*$/gm, '').matchAll(/\bSET\s+(?!@)([A-Z_]+(?:\s+(?:ISOLATION\s+LEVEL|XML))?)/gi)];

@@ -1,9 +1,11 @@
 /**
  * A real Nest application consuming one Service Broker queue, run as a child process by the
- * broker crash test (test/integration/mssql/broker-poison.mssql.spec.ts). Configured by one JSON
+ * broker crash drill (test/integration/mssql/broker-crash.mssql.spec.ts). Configured by one JSON
  * argument (BrokerWorkerConfig). Talks to the parent over IPC: 'ready', 'started' (a handler
- * began: its message's journal row is committed), 'finished', and 'event' (broker events); the
- * parent sends 'stop' for a graceful shutdown, or kills the process mid-handler.
+ * began: its message is a leased job of the queue's table queue), 'finished' (the handler is
+ * about to return; its completion is recorded after that), and 'event' (broker and job events);
+ * each 'started' and 'finished' names the job, its attempt, the conversation and the sequence
+ * number. The parent sends 'stop' for a graceful shutdown, or kills the process mid-handler.
  */
 import 'reflect-metadata';
 import { Injectable, Logger, Module } from '@nestjs/common';
@@ -25,6 +27,12 @@ export interface BrokerWorkerConfig extends WorkerConfig {
   /** 'hang': report 'started' and never return (the parent kills the process); 'normal': return. */
   brokerMode: 'hang' | 'normal';
   maxAttempts: number;
+  /** Receivers of the queue (default 1..1); minReaders/maxReaders are its handlers (default 1..1). */
+  minReceivers?: number;
+  maxReceivers?: number;
+  leaseMs?: number;
+  /** Jobs of one conversation a claim leases together (default: the broker queue's, 10). */
+  groupBatchSize?: number;
   waitTimeoutMs?: number;
   pollIntervalMs?: number;
 }
@@ -36,15 +44,16 @@ releaseGate();
 
 class BrokerWorkerHandler implements BrokerMessageHandler {
   async handle(body: unknown, context: BrokerMessageContext): Promise<void> {
-    send({
-      type: 'started',
+    const run = {
+      jobId: context.jobId,
       attempt: context.attempt,
       conversationHandle: context.conversationHandle,
       sequence: context.messageSequenceNumber,
-      body,
-    });
+    };
+    send({ type: 'started', ...run, body });
     if (config.brokerMode === 'hang') await new Promise<never>(() => undefined);
-    send({ type: 'finished', conversationHandle: context.conversationHandle, sequence: context.messageSequenceNumber });
+    if (config.handlerDelayMs) await new Promise((resolve) => setTimeout(resolve, config.handlerDelayMs));
+    send({ type: 'finished', ...run });
   }
 }
 QueueHandler(config.queue)(BrokerWorkerHandler);
@@ -57,10 +66,10 @@ function brokerForwarder(): QueueEventListener {
     (event: object): void =>
       send({ type: 'event', name, ...event });
   return {
-    brokerHandled: forward('brokerHandled'),
-    brokerFailed: forward('brokerFailed'),
-    brokerDeadLettered: forward('brokerDeadLettered'),
-    brokerReadersChanged: forward('brokerReadersChanged'),
+    completed: forward('completed'),
+    failed: forward('failed'),
+    brokerMoved: forward('brokerMoved'),
+    brokerReceiversChanged: forward('brokerReceiversChanged'),
     brokerActivated: forward('brokerActivated'),
     brokerNotificationLost: forward('brokerNotificationLost'),
   };
@@ -72,6 +81,8 @@ function brokerForwarder(): QueueEventListener {
     SqlQueueModule.forRoot({
       connection: { dialect: 'mssql', url: config.url, poolSize: 4 },
       schema: config.schema,
+      // Leases of a killed worker come back within a second of expiring.
+      reaper: { intervalMs: config.reaperIntervalMs ?? 500 },
       consumer: { shutdownTimeoutMs: config.shutdownTimeoutMs ?? 5_000 },
       listeners: config.events ? [brokerForwarder()] : [],
       broker: {
@@ -80,10 +91,14 @@ function brokerForwarder(): QueueEventListener {
         pollIntervalMs: config.pollIntervalMs ?? 1_000,
         queues: {
           [config.queue]: {
+            minReceivers: config.minReceivers ?? 1,
+            maxReceivers: config.maxReceivers ?? 1,
             minReaders: config.minReaders ?? 1,
             maxReaders: config.maxReaders ?? 1,
             maxAttempts: config.maxAttempts,
             backoff: { type: 'fixed', delayMs: 50 },
+            ...(config.leaseMs === undefined ? {} : { leaseMs: config.leaseMs }),
+            ...(config.groupBatchSize === undefined ? {} : { groupBatchSize: config.groupBatchSize }),
           },
         },
       },

@@ -97,24 +97,15 @@ export function decodeBrokerBody(format: BrokerBodyFormat, bytes: Buffer | Uint8
   if (format === 'raw') return buffer;
   if (buffer.length === 0) return format === 'json' ? null : '';
   const text = decodeBrokerText(buffer);
-  if (format === 'xml') return text;
+  return format === 'xml' ? text : parseBrokerJson(text);
+}
+
+/** The value of a JSON body's text; throws SqlQueueBrokerBodyError when it is not JSON. */
+export function parseBrokerJson(text: string): unknown {
   try {
     return JSON.parse(text) as unknown;
   } catch (error) {
     throw new SqlQueueBrokerBodyError(`message body is not JSON: ${(error as Error).message}`);
-  }
-}
-
-/**
- * Like decodeBrokerBody, but a body that does not decode is returned as its bytes (the admin
- * lists dead messages that way: a body that killed a handler may well be malformed).
- */
-export function decodeBrokerBodyOrBytes(format: BrokerBodyFormat, bytes: Buffer | Uint8Array | null): unknown {
-  try {
-    return decodeBrokerBody(format, bytes);
-  } catch (error) {
-    if (error instanceof SqlQueueBrokerBodyError) return bytes == null ? Buffer.alloc(0) : Buffer.from(bytes);
-    throw error;
   }
 }
 

@@ -7,11 +7,10 @@ import { ThrottledErrorLog, type QueueLogger } from '../core/logger.js';
 import { settleWithin, withTimeout } from '../core/timeout.js';
 import { BrokerActivationListener, type BrokerListenerDeps } from './broker.listener.js';
 import { BrokerInitiatorReader } from './broker.initiator.js';
-import { BrokerReader } from './broker.reader.js';
+import { BrokerReceiver } from './broker.receiver.js';
 import { brokerEventNotificationBatch } from './broker.setup.js';
 import type {
   BrokerDriver,
-  BrokerHandler,
   BrokerQueueSnapshot,
   BrokerSnapshot,
   ResolvedBrokerOptions,
@@ -19,22 +18,19 @@ import type {
 } from './broker.types.js';
 
 /**
- * What a reader loop needs from a reader: BrokerReader (broker.reader.ts) and the initiator
- * reader satisfy it, and tests pass fakes. One instance per loop (it pins one connection per
- * transaction).
+ * What a reader loop needs from a reader: the receiver (broker.receiver.ts) and the initiator
+ * reader satisfy it, and tests pass fakes. One instance per loop (it owns its connection or
+ * pins one per transaction).
  */
 export interface BrokerReaderLoop {
   /**
-   * One transaction: 'empty' after a WAITFOR that found nothing, 'handled' after it handled
-   * (and committed) messages, 'stopped' once stop() ended it. Rejects on a database error.
+   * One round: 'empty' after a wait that found nothing, 'handled' after it took (and committed)
+   * messages, 'stopped' once stop() ended it. Rejects on a database error.
    */
   runOnce(): Promise<'empty' | 'handled' | 'stopped'>;
-  /**
-   * Ends the reader: cancels an idle WAITFOR at once (and commits), lets a running handler
-   * finish for up to abortAfterMs, then aborts its signal; never a full rollback.
-   */
+  /** Ends the reader: cancels an idle WAITFOR at once and lets a round in flight finish; never a full rollback. */
   stop(options: { abortAfterMs: number }): unknown;
-  /** True while a handler runs; feeds the busy count when the reader tells it. */
+  /** True while it is taking messages; feeds the busy count when the reader tells it. */
   readonly busy?: boolean;
 }
 
@@ -59,12 +55,11 @@ export interface BrokerQueueReadersDeps {
 }
 
 /**
- * The readers of one broker queue in this process, between minReaders and maxReaders by the
- * table queue's activation rule (core/activation.ts, seed 003): an activation (a
- * QUEUE_ACTIVATION notification or the slow poll) starts one reader while fewer than
- * maxReaders run, and a reader whose WAITFOR came back empty retires while more than
- * minReaders run. Readers of a queue whose messages all belong to one conversation group
- * therefore settle at one busy reader: the others find the group locked, wait, and retire.
+ * The readers of one broker queue in this process (its receivers, or an initiator queue's
+ * reader), between a minimum and a maximum by the table queue's activation rule
+ * (core/activation.ts, seed 003): an activation (a QUEUE_ACTIVATION notification or the slow
+ * poll) starts one reader while fewer than the maximum run, and a reader whose wait came back
+ * empty retires while more than the minimum run.
  */
 export class BrokerQueueReaders {
   private readers = 0;
@@ -110,14 +105,17 @@ export class BrokerQueueReaders {
     safeEmit(this.deps.listeners, 'brokerActivated', { queue: this.name, source });
   }
 
-  snapshot(): Pick<BrokerQueueSnapshot, 'readers' | 'busyReaders' | 'minReaders' | 'maxReaders' | 'lastActivationAt'> {
+  snapshot(): Pick<
+    BrokerQueueSnapshot,
+    'receivers' | 'busyReceivers' | 'minReceivers' | 'maxReceivers' | 'lastActivationAt'
+  > {
     let busy = 0;
     for (const { reader } of this.running) if (reader.busy) busy++;
     return {
-      readers: this.readers,
-      busyReaders: busy,
-      minReaders: this.limits.minReaders,
-      maxReaders: this.limits.maxReaders,
+      receivers: this.readers,
+      busyReceivers: busy,
+      minReceivers: this.limits.minReaders,
+      maxReceivers: this.limits.maxReaders,
       lastActivationAt: this.lastActivationAt,
     };
   }
@@ -134,7 +132,7 @@ export class BrokerQueueReaders {
       return;
     }
     this.readers++;
-    safeEmit(this.deps.listeners, 'brokerReadersChanged', { queue: this.name, readers: this.readers, reason });
+    safeEmit(this.deps.listeners, 'brokerReceiversChanged', { queue: this.name, receivers: this.readers, reason });
     const entry = { reader } as RunningReader;
     entry.done = this.loop(reader).finally(() => this.running.delete(entry));
     this.running.add(entry);
@@ -166,9 +164,9 @@ export class BrokerQueueReaders {
       }
     } finally {
       this.readers--;
-      safeEmit(this.deps.listeners, 'brokerReadersChanged', {
+      safeEmit(this.deps.listeners, 'brokerReceiversChanged', {
         queue: this.name,
-        readers: this.readers,
+        receivers: this.readers,
         reason: this.stopping ? 'stop' : 'retire',
       });
     }
@@ -185,9 +183,9 @@ export class BrokerQueueReaders {
   }
 
   /**
-   * No new readers; each reader cancels its idle WAITFOR (committing an empty transaction) or
-   * lets its handler finish for up to `timeoutMs`, then aborts it. Resolves when every loop has
-   * ended, or `timeoutMs` plus a grace period later (a reader stuck on a dead connection).
+   * No new readers; each reader cancels its idle WAITFOR or lets its round finish. Resolves when
+   * every loop has ended, or `timeoutMs` plus a grace period later (a reader stuck on a dead
+   * connection).
    */
   stop(timeoutMs: number): Promise<void> {
     this.stopped ??= this.shutDown(timeoutMs);
@@ -223,12 +221,12 @@ export interface BrokerConsumerDeps {
   /** Engine timers (poll, backoff); tests pass a fake clock. Default: the system clock. */
   clock?: Clock;
   logger: QueueLogger;
-  /** This process's worker id, for log lines and readers. */
-  workerId: string;
   listeners: readonly QueueEventListener[];
   random?: () => number;
-  /** Makes the reader of one loop of a consumed queue. Default: a BrokerReader on `driver`. */
-  createReader?: (queue: ResolvedBrokerQueue, handler: BrokerHandler) => BrokerReaderLoop;
+  /** Messages of `queue` became jobs in this process's move: wake its handlers. */
+  onMoved(queue: string): void;
+  /** Makes one receiver of a consumed queue. Default: a BrokerReceiver on `driver`. */
+  createReceiver?: (queue: ResolvedBrokerQueue, maxAttempts: number) => BrokerReaderLoop;
   /** Makes the reader of an initiator queue (EndDialog and Error from targets). Default: a BrokerInitiatorReader. */
   createInitiatorReader?: (queue: ResolvedBrokerQueue) => BrokerReaderLoop;
   /** Creates a queue's missing event notifications (setup 'auto'). Default: the setup's event notification batch. */
@@ -238,9 +236,10 @@ export interface BrokerConsumerDeps {
 }
 
 /**
- * All broker reading of this process: the reader pool of each consumed queue, the initiator
- * queues' readers, and the activation listener (one per process, run while any queue is
- * consumed) that starts readers on QUEUE_ACTIVATION notifications and a slow poll.
+ * All broker reading of this process: the receivers of each consumed queue (they move its
+ * messages into its table queue, whose readers run the handlers), the initiator queues'
+ * readers, and the activation listener (one per process, run while any queue is consumed) that
+ * starts receivers on QUEUE_ACTIVATION notifications and a slow poll.
  */
 export class BrokerConsumer {
   private readonly clock: Clock;
@@ -254,17 +253,21 @@ export class BrokerConsumer {
     this.clock = deps.clock ?? systemClock;
   }
 
-  /** Consumes a broker queue with `handler`, from start() on. Call before start(), once per queue. */
-  register(queue: ResolvedBrokerQueue, handler: BrokerHandler): void {
+  /**
+   * Consumes a broker queue from start() on: its receivers move messages into its table queue,
+   * as jobs whose maxAttempts defaults to `maxAttempts`. Call before start(), once per queue.
+   */
+  register(queue: ResolvedBrokerQueue, maxAttempts: number): void {
     if (this.state !== 'new')
       throw new SqlQueueConfigError(`broker queue '${queue.name}': register() must come before start()`);
     if (this.consumed.has(queue.name))
       throw new SqlQueueConfigError(`broker queue '${queue.name}' has two handlers: keep one`);
+    const create = this.deps.createReceiver ?? ((q, attempts) => this.createReceiver(q, attempts));
     const readers = new BrokerQueueReaders(
       this.readerDeps(),
       queue.name,
-      { minReaders: queue.minReaders, maxReaders: queue.maxReaders, activates: true },
-      () => (this.deps.createReader ?? ((q, h) => this.createReader(q, h)))(queue, handler),
+      { minReaders: queue.minReceivers, maxReaders: queue.maxReceivers, activates: true },
+      () => create(queue, maxAttempts),
     );
     this.consumed.set(queue.name, { queue, readers });
   }
@@ -328,9 +331,8 @@ export class BrokerConsumer {
 
   /**
    * Stops activation and the poll first (the listener's idle WAITFOR is cancelled and its
-   * transaction committed), then every reader at once: idle WAITFORs are cancelled, running
-   * handlers drain for up to `timeoutMs` and are then aborted (their message returns through a
-   * savepoint rollback, never a full one). A second call waits for the first.
+   * transaction committed), then every reader at once: idle waits are cancelled, moves in
+   * flight finish. A second call waits for the first.
    */
   stop(timeoutMs: number): Promise<void> {
     this.stopped ??= this.shutDown(timeoutMs);
@@ -347,7 +349,7 @@ export class BrokerConsumer {
     this.state = 'stopped';
   }
 
-  /** Every broker queue of the options: readers here, activation, and what the listener saw. */
+  /** Every broker queue of the options: receivers here, activation, and what the listener saw. */
   snapshot(): BrokerSnapshot {
     const listener = this.listener?.snapshot() ?? null;
     const queues: BrokerQueueSnapshot[] = this.deps.options.queues.map((queue) => {
@@ -357,10 +359,10 @@ export class BrokerConsumer {
         queue: queue.name,
         consumed: consumed !== undefined,
         ...(consumed?.readers.snapshot() ?? {
-          readers: 0,
-          busyReaders: 0,
-          minReaders: queue.minReaders,
-          maxReaders: queue.maxReaders,
+          receivers: 0,
+          busyReceivers: 0,
+          minReceivers: queue.minReceivers,
+          maxReceivers: queue.maxReceivers,
           lastActivationAt: null,
         }),
         disabledSeen: seen?.disabledSeen ?? false,
@@ -374,18 +376,17 @@ export class BrokerConsumer {
     };
   }
 
-  private createReader(queue: ResolvedBrokerQueue, handler: BrokerHandler): BrokerReaderLoop {
-    const { driver, options, logger, workerId, listeners } = this.deps;
-    return new BrokerReader({
+  private createReceiver(queue: ResolvedBrokerQueue, maxAttempts: number): BrokerReaderLoop {
+    const { driver, options, logger, listeners } = this.deps;
+    return new BrokerReceiver({
       driver,
       schema: options.schema,
       queue,
       waitTimeoutMs: options.waitTimeoutMs,
-      handler,
-      clock: this.clock,
+      maxAttempts,
       logger,
-      workerId,
       listeners,
+      onMoved: () => this.deps.onMoved(queue.name),
     });
   }
 

@@ -3,7 +3,7 @@ import { systemClock, type Clock } from '../core/clock.js';
 import type { QueueLogger } from '../core/logger.js';
 import { doorbellRingPending, receiveRings } from './broker.doorbell.queries.js';
 import { BROKER_SYSTEM } from './broker.names.js';
-import { endConversation } from './broker.reader.queries.js';
+import { endConversation } from './broker.receiver.queries.js';
 import { commitOrRollback } from './broker.session.js';
 import type { BrokerSender } from './broker.sender.js';
 import type { BrokerDriver, BrokerSession, ResolvedBrokerQueue } from './broker.types.js';

@@ -1,4 +1,4 @@
-import { readBrokerQueueHealth } from './broker.listener.queries.js';
+import { readBrokerQueueHealth, readBrokerQueueLocks } from './broker.listener.queries.js';
 import { quoteBrokerObject } from './broker.names.js';
 import type {
   BrokerDriver,
@@ -7,6 +7,20 @@ import type {
   BrokerSnapshot,
   ResolvedBrokerOptions,
 } from './broker.types.js';
+
+interface LocksRow extends BrokerRow {
+  SchemaLockWaiters: number | string;
+  HolderSession: number | null;
+  HolderAgeMs: number | string | null;
+}
+
+/**
+ * A transaction that has held a broker queue this long is reported: ours hold it for a move
+ * (milliseconds) or an idle wait (waitTimeoutMs); the bound is this many waits, and at least
+ * BROKER_QUEUE_HOLD_MIN_MS.
+ */
+export const BROKER_QUEUE_HOLD_FACTOR = 3;
+export const BROKER_QUEUE_HOLD_MIN_MS = 30_000;
 
 interface HealthRow extends BrokerRow {
   is_broker_enabled: boolean | number | null;
@@ -25,9 +39,11 @@ export const LISTENER_ALIVE_FACTOR = 2;
 /**
  * Reads the health of broker queue `queueName`: one bounded batch of catalog views (the broker
  * is on in this database, the queue exists and is receive- and enqueue-enabled, its activation
- * event notification exists), combined with this process's snapshot when it consumes the
- * queue (the activation listener made progress within 2 × (waitTimeoutMs + pollIntervalMs),
- * no event notification problem is pending, no BROKER_QUEUE_DISABLED is unresolved).
+ * event notification exists), one of the lock manager (no schema-modification lock waits on the
+ * queue, no transaction has held it for long), combined with this process's snapshot when it
+ * consumes the queue (the activation listener made progress within 2 × (waitTimeoutMs +
+ * pollIntervalMs), no event notification problem is pending, no BROKER_QUEUE_DISABLED is
+ * unresolved). The messages' handlers are the table queue's: the backlog check covers them.
  * Framework-free; the Terminus indicator wraps it with a time bound. `now` is the engine clock
  * the snapshot's times are on.
  */
@@ -78,6 +94,8 @@ export async function readBrokerHealth(
     }
   }
 
+  const locks = receiveEnabled === null ? null : await readLocks(driver, quoted, options, problems);
+
   const mine = snapshot?.queues.find((q) => q.queue === queueName);
   const consumed = snapshot !== null && mine?.consumed === true;
   const aliveWithinMs = LISTENER_ALIVE_FACTOR * (options.waitTimeoutMs + options.pollIntervalMs);
@@ -105,19 +123,61 @@ export async function readBrokerHealth(
       receiveEnabled,
       enqueueEnabled,
       activationNotification,
+      ...(locks ? { locks } : {}),
       consumed,
       ...(consumed
         ? {
             listenerAlive,
             listenerLastLoopAt: lastLoopAt,
-            readers: mine.readers,
-            busyReaders: mine.busyReaders,
+            receivers: mine.receivers,
+            busyReceivers: mine.busyReceivers,
             lastActivationAt: mine.lastActivationAt,
             disabledSeen: mine.disabledSeen,
           }
         : {}),
     },
   };
+}
+
+/**
+ * The lock manager's view of the queue (readBrokerQueueLocks): a waiting schema-modification
+ * lock, or a transaction holding the queue longer than ours ever do, is a problem. Without the
+ * permission to read it, the details say so and nothing is reported: it is a diagnosis, not
+ * the queue's health.
+ */
+async function readLocks(
+  driver: Pick<BrokerDriver, 'query'>,
+  quoted: string,
+  options: ResolvedBrokerOptions,
+  problems: string[],
+): Promise<Record<string, unknown>> {
+  let row: LocksRow | undefined;
+  try {
+    [row] = await driver.query<LocksRow>(readBrokerQueueLocks(), { queue: { type: 'nvarchar', value: quoted } });
+  } catch (error) {
+    return {
+      readable: false,
+      reason: `${error instanceof Error ? error.message : String(error)} (reading sys.dm_tran_locks needs VIEW SERVER STATE)`,
+    };
+  }
+  const waiters = Number(row?.SchemaLockWaiters ?? 0);
+  const holder = row?.HolderSession ?? null;
+  const holderAgeMs = row?.HolderAgeMs === null || row?.HolderAgeMs === undefined ? null : Number(row.HolderAgeMs);
+  const boundMs = Math.max(BROKER_QUEUE_HOLD_MIN_MS, BROKER_QUEUE_HOLD_FACTOR * options.waitTimeoutMs);
+  const held =
+    holder !== null && holderAgeMs !== null
+      ? ` by session ${holder}, whose transaction began ${holderAgeMs} ms ago`
+      : '';
+  if (waiters > 0) {
+    problems.push(
+      `a schema-modification lock waits on queue ${quoted}${held ? `, held${held}` : ''} (Service Broker's poison-message disable after five rolled-back receives, an ALTER QUEUE, or an event notification being changed): every RECEIVE, SEND and read of the queue waits behind it until that transaction ends`,
+    );
+  } else if (holderAgeMs !== null && holderAgeMs > boundMs) {
+    problems.push(
+      `queue ${quoted} has been held${held} (limit ${boundMs} ms; a transaction left open after a RECEIVE?): a schema change on the queue, the poison-message disable included, would wait for it and stop every reader and sender behind it`,
+    );
+  }
+  return { readable: true, schemaLockWaiters: waiters, holderSession: holder, holderAgeMs };
 }
 
 /** A bit column: true/false, or null when the row or the object is missing. */

@@ -91,3 +91,35 @@ export function readBrokerQueueHealth(): string {
     SELECT 1 FROM sys.event_notifications WHERE parent_id = OBJECT_ID(@queue) AND name = @activationName
   ) THEN 1 ELSE 0 END AS activation_exists;`;
 }
+
+/**
+ * Who holds broker queue @queue ('[schema].[name]') and who waits for it, from the lock
+ * manager (review 2, R2-4): [SchemaLockWaiters], requests for a schema-modification lock on
+ * the queue that wait (Service Broker's poison-message disable after five rolled-back
+ * receives, ALTER QUEUE, an event notification being dropped or created: while one waits,
+ * every later RECEIVE, SEND and even NOLOCK read of the queue waits behind it), and the
+ * session whose transaction has held a lock on the queue longest, with the transaction's age
+ * ([HolderSession], [HolderAgeMs]; another session, NULL when none). Needs VIEW SERVER STATE
+ * (VIEW SERVER PERFORMANCE STATE from SQL Server 2022, VIEW DATABASE STATE on Azure SQL);
+ * without it the statement fails and the health reading says so.
+ * transaction_begin_time is the server's local time, hence GETDATE().
+ */
+export function readBrokerQueueLocks(): string {
+  return `SELECT
+  (SELECT COUNT(*) FROM sys.dm_tran_locks AS w
+   WHERE w.resource_type = N'OBJECT' AND w.resource_database_id = DB_ID()
+     AND w.resource_associated_entity_id = OBJECT_ID(@queue)
+     AND w.request_mode = N'Sch-M' AND w.request_status = N'WAIT') AS [SchemaLockWaiters],
+  h.[Session] AS [HolderSession], h.[AgeMs] AS [HolderAgeMs]
+FROM (SELECT 1 AS [One]) AS one
+OUTER APPLY (
+  SELECT TOP (1) l.request_session_id AS [Session], DATEDIFF_BIG(millisecond, t.transaction_begin_time, GETDATE()) AS [AgeMs]
+  FROM sys.dm_tran_locks AS l
+  JOIN sys.dm_tran_session_transactions AS st ON st.session_id = l.request_session_id
+  JOIN sys.dm_tran_active_transactions AS t ON t.transaction_id = st.transaction_id
+  WHERE l.resource_type = N'OBJECT' AND l.resource_database_id = DB_ID()
+    AND l.resource_associated_entity_id = OBJECT_ID(@queue) AND l.request_status = N'GRANT'
+    AND l.request_session_id <> @@SPID
+  ORDER BY t.transaction_begin_time
+) AS h;`;
+}

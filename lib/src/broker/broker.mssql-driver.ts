@@ -1,7 +1,13 @@
 import sql from 'mssql';
 import { errorNumber } from '../store/mssql/mssql.errors.js';
-import { asCallerTransaction, type MssqlQueueStore } from '../store/mssql/mssql.store.js';
+import {
+  MSSQL_AUTOCOMMIT_SESSION,
+  MSSQL_NESTED_OWN_TRANSACTION,
+  MSSQL_OWN_TRANSACTION_GUARD,
+} from '../store/mssql/mssql.queries.js';
+import { asCallerTransaction, nestedOwnTransaction, type MssqlQueueStore } from '../store/mssql/mssql.store.js';
 import type {
+  BrokerConnection,
   BrokerDriver,
   BrokerParam,
   BrokerParams,
@@ -14,7 +20,7 @@ import type {
 // `broker` option is given, so an application without Service Broker never loads it.
 
 export interface MssqlBrokerDriverOptions {
-  /** Connections of the reader pool: one per reader that may run, plus the listeners'. */
+  /** Connections of the reader pool: the listeners' and the initiator readers' (receivers open their own). */
   readerConnections: number;
   /** requestTimeout of reader connections: above the WAITFOR timeout (checked with the options). */
   requestTimeoutMs: number;
@@ -22,10 +28,11 @@ export interface MssqlBrokerDriverOptions {
 }
 
 /**
- * A BrokerDriver over the store's pool (autocommit statements, sends) and a reader pool of its
- * own, derived from the store pool's config. Readers need their own pool: node-mssql's
- * Transaction holds its connection from begin() to commit, and a reader in WAITFOR holds it for
- * the whole wait, so readers sharing the store's pool would starve claims and enqueues.
+ * A BrokerDriver over the store's pool (autocommit statements, sends), a reader pool of its
+ * own, and a connection of its own per receiver, both derived from the store pool's config.
+ * Readers need their own pool: node-mssql's Transaction holds its connection from begin() to
+ * commit, and a reader in WAITFOR holds it for the whole wait, so readers sharing the store's
+ * pool would starve claims and enqueues.
  */
 export async function createMssqlBrokerDriver(
   store: MssqlQueueStore,
@@ -37,16 +44,17 @@ export async function createMssqlBrokerDriver(
   const readers = new sql.ConnectionPool(readerPoolConfig(base, options));
   readers.on('error', (error: Error) => options.onBackgroundError?.(error));
   await readers.connect();
-  return new MssqlBrokerDriver(shared, readers);
+  return new MssqlBrokerDriver(shared, readers, readerPoolConfig(base, { ...options, readerConnections: 1 }), options);
 }
 
 /**
- * The reader pool's config: the store's server, login and TLS settings, with
+ * The reader pool's config (and a receiver connection's, with one connection): the store's
+ * server, login and TLS settings, with
  * - requestTimeout above the WAITFOR timeout: tedious cancels a request that has sent nothing
  *   back for requestTimeout ms, and an idle WAITFOR sends nothing until it times out;
- * - XACT_ABORT off (tedious's abortTransactionOnError): an error in a handler's statements
- *   must roll back to the message's savepoint, not doom the transaction (a full rollback counts
- *   toward Service Broker's five-rollback queue disable).
+ * - XACT_ABORT off (tedious's abortTransactionOnError): an error of our own in a receiving
+ *   transaction must roll back to its savepoint, not doom it (a full rollback of a RECEIVE is
+ *   what Service Broker's poison detection counts).
  */
 export function readerPoolConfig(base: sql.config, options: MssqlBrokerDriverOptions): sql.config {
   return {
@@ -61,6 +69,9 @@ export class MssqlBrokerDriver implements BrokerDriver {
   constructor(
     private readonly shared: sql.ConnectionPool,
     private readonly readers: sql.ConnectionPool,
+    /** A receiver's connection: the reader pool's settings, one connection. */
+    private readonly connectionConfig: sql.config,
+    private readonly options: Pick<MssqlBrokerDriverOptions, 'onBackgroundError'> = {},
   ) {}
 
   async beginReader(): Promise<BrokerSession> {
@@ -76,8 +87,17 @@ export class MssqlBrokerDriver implements BrokerDriver {
     return new MssqlBrokerSession(transaction, true);
   }
 
+  /** Behind the store's autocommit guard: the shared pool is the application's with `{ pool }` (review 2, R2-6). */
   async query<R extends BrokerRow = BrokerRow>(text: string, params?: BrokerParams): Promise<R[]> {
-    return lastRecordset<R>(await bind(this.shared.request(), params).query(text));
+    return lastRecordset<R>(await bind(this.shared.request(), params).query(`${MSSQL_AUTOCOMMIT_SESSION}${text}`));
+  }
+
+  /** A pool of one connection: mssql pins a connection to nothing else than a transaction. */
+  async openConnection(): Promise<BrokerConnection> {
+    const pool = new sql.ConnectionPool(this.connectionConfig);
+    pool.on('error', (error: Error) => this.options.onBackgroundError?.(error));
+    await pool.connect();
+    return new MssqlBrokerConnection(pool);
   }
 
   errorNumber(error: unknown): number | undefined {
@@ -94,16 +114,14 @@ export class MssqlBrokerDriver implements BrokerDriver {
   }
 }
 
-class MssqlBrokerSession implements BrokerSession {
+/** Requests one at a time, and an attention (cancel) for the one in flight. */
+abstract class OneRequestAtATime {
   private current: sql.Request | null = null;
 
-  constructor(
-    private readonly transaction: sql.Transaction,
-    private readonly owned: boolean,
-  ) {}
+  protected abstract newRequest(): sql.Request;
 
   async query<R extends BrokerRow = BrokerRow>(text: string, params?: BrokerParams): Promise<R[]> {
-    const request = bind(new sql.Request(this.transaction), params);
+    const request = bind(this.newRequest(), params);
     this.current = request;
     try {
       return lastRecordset<R>(await request.query(text));
@@ -114,6 +132,55 @@ class MssqlBrokerSession implements BrokerSession {
 
   cancel(): void {
     this.current?.cancel();
+  }
+}
+
+class MssqlBrokerConnection extends OneRequestAtATime implements BrokerConnection {
+  constructor(private readonly pool: sql.ConnectionPool) {
+    super();
+  }
+
+  protected newRequest(): sql.Request {
+    return this.pool.request();
+  }
+
+  async close(): Promise<void> {
+    await this.pool.close();
+  }
+}
+
+/**
+ * A transaction: the application's (its commit and rollback are the application's), or one
+ * begun here, whose first statement carries MSSQL_OWN_TRANSACTION_GUARD (a transaction nested in
+ * one the pooled connection already had would commit nothing).
+ */
+export class MssqlBrokerSession extends OneRequestAtATime implements BrokerSession {
+  private guarded: boolean;
+
+  constructor(
+    private readonly transaction: sql.Transaction,
+    private readonly owned: boolean,
+    /** Requests bound to the transaction (a seam for the unit test of the guard). */
+    private readonly requests: () => sql.Request = () => new sql.Request(transaction),
+  ) {
+    super();
+    this.guarded = !owned;
+  }
+
+  override async query<R extends BrokerRow = BrokerRow>(text: string, params?: BrokerParams): Promise<R[]> {
+    if (this.guarded) return super.query<R>(text, params);
+    this.guarded = true;
+    try {
+      return await super.query<R>(`${MSSQL_OWN_TRANSACTION_GUARD}${text}`, params);
+    } catch (error) {
+      if (errorNumber(error) === MSSQL_NESTED_OWN_TRANSACTION)
+        throw nestedOwnTransaction('Service Broker statement', error);
+      throw error;
+    }
+  }
+
+  protected newRequest(): sql.Request {
+    return this.requests();
   }
 
   async commit(): Promise<void> {

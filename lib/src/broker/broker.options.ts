@@ -1,5 +1,6 @@
-import { retryDelayFor, type BackoffOption } from '../core/backoff.js';
+import type { BackoffOption } from '../core/backoff.js';
 import { SqlQueueConfigError } from '../core/errors.js';
+import { QUEUE_OPTION_KEYS, validateQueueOptions, type QueueOptions } from '../core/options.js';
 import {
   assertBoolean,
   assertInteger,
@@ -8,7 +9,6 @@ import {
   DAY_MS,
   describe,
   INT_MAX,
-  MAX_ATTEMPTS_LIMIT,
 } from '../core/validation.js';
 import {
   assertBrokerName,
@@ -45,7 +45,8 @@ const BROKER_OPTIONS: Record<keyof BrokerOptions, true> = {
   doorbell: true,
 };
 
-const BROKER_QUEUE_OPTIONS: Record<keyof BrokerQueueOptions, true> = {
+/** The broker-side options of a queue; the rest of BrokerQueueOptions are table-queue options (QueueOptions). */
+const BROKER_QUEUE_OPTIONS: Record<Exclude<keyof BrokerQueueOptions, keyof QueueOptions>, true> = {
   queue: true,
   service: true,
   contract: true,
@@ -54,12 +55,9 @@ const BROKER_QUEUE_OPTIONS: Record<keyof BrokerQueueOptions, true> = {
   initiatorQueue: true,
   initiatorService: true,
   format: true,
-  minReaders: true,
-  maxReaders: true,
-  maxAttempts: true,
-  backoff: true,
+  minReceivers: true,
+  maxReceivers: true,
   messagesPerTransaction: true,
-  maxDurationMs: true,
 };
 
 const SETUP_MODES: readonly BrokerSetupMode[] = ['auto', 'print', 'off'];
@@ -72,6 +70,9 @@ const FORMATS: readonly BrokerBodyFormat[] = ['json', 'raw', 'xml'];
  */
 export const BROKER_REQUEST_TIMEOUT_MARGIN_MS = 5_000;
 
+/** The most messages one move transaction takes (messagesPerTransaction). */
+export const BROKER_MAX_MESSAGES_PER_TRANSACTION = 1_000;
+
 /** Default retry delay of a failed broker message: 1 s doubling to 1 min, equal jitter. */
 export const BROKER_DEFAULT_BACKOFF: BackoffOption = {
   type: 'exponential',
@@ -82,6 +83,17 @@ export const BROKER_DEFAULT_BACKOFF: BackoffOption = {
 };
 
 /**
+ * The handler side's defaults where a broker queue differs from a table queue: fewer attempts
+ * and a shorter backoff (a conversation waits behind its failing message), and group batches
+ * of 10 (a conversation is usually deep: one dialog carries every message of a key).
+ */
+export const BROKER_HANDLER_DEFAULTS = {
+  maxAttempts: 5,
+  backoff: BROKER_DEFAULT_BACKOFF,
+  groupBatchSize: 10,
+} as const satisfies QueueOptions;
+
+/**
  * Checks the module option `broker` and fills in every default; null when it is absent.
  * `schema` is the module schema (already validated): default names derive from it, and the
  * notification queue and our Broker* tables live there. `tableQueueNames` are the table
@@ -90,9 +102,9 @@ export const BROKER_DEFAULT_BACKOFF: BackoffOption = {
  *
  * Defaults: setup 'auto', enableBroker false, waitTimeoutMs 5,000, requestTimeoutMs
  * waitTimeoutMs + 15,000, pollIntervalMs 10,000, unkeyedDialogs 8, dialogRecycleMs one day;
- * per queue: format 'json', minReaders 1, maxReaders 5 (or minReaders, if larger),
- * maxAttempts 5, backoff exponential 1 s ×2 up to 1 min with equal jitter,
- * messagesPerTransaction 10, maxDurationMs one hour. Names: see brokerDefaultNames.
+ * per queue: format 'json', minReceivers 1, maxReceivers 2 (or minReceivers, if larger),
+ * messagesPerTransaction 100, and for its handlers the table-queue defaults but
+ * BROKER_HANDLER_DEFAULTS. Names: see brokerDefaultNames.
  */
 export function resolveBrokerOptions(
   raw: BrokerOptions | undefined,
@@ -173,7 +185,7 @@ function resolveBrokerQueue(
       `${where}: '${name}' is also a table queue; a name is either a table queue or a broker queue (send() and @QueueHandler() take the name alone): rename one of them`,
     );
   }
-  const o = assertOptionGroup(where, raw, Object.keys(BROKER_QUEUE_OPTIONS));
+  const o = assertOptionGroup(where, raw, [...Object.keys(BROKER_QUEUE_OPTIONS), ...QUEUE_OPTION_KEYS]);
   const defaults = brokerDefaultNames(schema, name);
 
   const objectName = (key: 'queue' | 'initiatorQueue'): BrokerObjectName =>
@@ -189,9 +201,19 @@ function resolveBrokerQueue(
   if (!FORMATS.includes(format)) {
     throw new SqlQueueConfigError(`${where}.format must be 'json', 'raw' or 'xml', got ${describe(format)}`);
   }
-  const minReaders = assertInteger(`${where}.minReaders`, o.minReaders ?? 1, 1, 1_000);
-  const maxReaders = assertInteger(`${where}.maxReaders`, o.maxReaders ?? Math.max(5, minReaders), 1, 1_000);
-  if (minReaders > maxReaders) {
+  const minReceivers = assertInteger(`${where}.minReceivers`, o.minReceivers ?? 1, 1, 100);
+  const maxReceivers = assertInteger(`${where}.maxReceivers`, o.maxReceivers ?? Math.max(2, minReceivers), 1, 100);
+  if (minReceivers > maxReceivers) {
+    throw new SqlQueueConfigError(
+      `${where}: minReceivers (${minReceivers}) is greater than maxReceivers (${maxReceivers})`,
+    );
+  }
+  const tableOptions = Object.fromEntries(
+    Object.entries(o).filter(([key]) => (QUEUE_OPTION_KEYS as readonly string[]).includes(key)),
+  ) as QueueOptions;
+  const handlerOptions = validateQueueOptions(where, { ...BROKER_HANDLER_DEFAULTS, ...tableOptions });
+  const { minReaders, maxReaders } = handlerOptions;
+  if (minReaders !== undefined && maxReaders !== undefined && minReaders > maxReaders) {
     throw new SqlQueueConfigError(`${where}: minReaders (${minReaders}) is greater than maxReaders (${maxReaders})`);
   }
   const resolved: ResolvedBrokerQueue = {
@@ -206,15 +228,15 @@ function resolveBrokerQueue(
     activationNotification: BROKER_ACTIVATION_NOTIFICATION,
     disabledNotification: BROKER_DISABLED_NOTIFICATION,
     format,
-    minReaders,
-    maxReaders,
-    maxAttempts: assertInteger(`${where}.maxAttempts`, o.maxAttempts ?? 5, 1, MAX_ATTEMPTS_LIMIT),
-    retryDelay: retryDelayFor(o.backoff ?? BROKER_DEFAULT_BACKOFF, where),
-    messagesPerTransaction: assertInteger(`${where}.messagesPerTransaction`, o.messagesPerTransaction ?? 10, 1, 1_000),
-    maxDurationMs:
-      o.maxDurationMs === null
-        ? null
-        : assertInteger(`${where}.maxDurationMs`, o.maxDurationMs ?? 3_600_000, 1, INT_MAX),
+    minReceivers,
+    maxReceivers,
+    messagesPerTransaction: assertInteger(
+      `${where}.messagesPerTransaction`,
+      o.messagesPerTransaction ?? 100,
+      1,
+      BROKER_MAX_MESSAGES_PER_TRANSACTION,
+    ),
+    handlerOptions,
   };
   if (resolved.messageType === resolved.closeMessageType) {
     throw new SqlQueueConfigError(
@@ -247,12 +269,10 @@ export function doorbellQueue(schema: string): ResolvedBrokerQueue {
     activationNotification: BROKER_ACTIVATION_NOTIFICATION,
     disabledNotification: BROKER_DISABLED_NOTIFICATION,
     format: 'raw',
-    minReaders: 1,
-    maxReaders: 1,
-    maxAttempts: 1,
-    retryDelay: retryDelayFor(BROKER_DEFAULT_BACKOFF, 'broker.doorbell'),
+    minReceivers: 1,
+    maxReceivers: 1,
     messagesPerTransaction: 100,
-    maxDurationMs: null,
+    handlerOptions: {},
     doorbell: true,
   };
 }

@@ -1,16 +1,20 @@
 import { systemClock, type Clock } from '../core/clock.js';
-import { SqlQueueConfigError } from '../core/errors.js';
+import { SqlQueueConfigError, SqlQueueValidationError } from '../core/errors.js';
 import type { QueueEventListener } from '../core/events.js';
+import type { JobHandler } from '../core/handler.js';
 import type { QueueLogger } from '../core/logger.js';
+import { assertJobId } from '../core/producer.js';
 import { settleWithin } from '../core/timeout.js';
+import { assertInteger } from '../core/validation.js';
 import type { MssqlQueueStore } from '../store/mssql/mssql.store.js';
 import { BrokerAdmin } from './broker.admin.js';
 import { BrokerConsumer } from './broker.consumer.js';
 import { BrokerDoorbell } from './broker.doorbell.js';
+import { brokerDeadMessage, brokerJobHandler } from './broker.job.js';
 import { brokerSetupQueues } from './broker.options.js';
 import { readBrokerHealth } from './broker.health.js';
 import { createMssqlBrokerDriver } from './broker.mssql-driver.js';
-import { sweepOrphanedAttempts } from './broker.reader.queries.js';
+import { endClosedConversation } from './broker.receiver.queries.js';
 import { BrokerSender } from './broker.sender.js';
 import {
   applyBrokerSetup,
@@ -33,9 +37,8 @@ import type {
 } from './broker.types.js';
 
 /**
- * How long close() waits for the reader pool. Closing a pool waits for every connection checked
- * out, and a reader whose handler ignores its abort signal keeps its connection for as long as
- * the handler runs: that must not hold the application's shutdown.
+ * How long close() waits for the reader pool: a reader stuck on an unresponsive database must
+ * not hold the application's shutdown.
  */
 export const BROKER_CLOSE_TIMEOUT_MS = 5_000;
 
@@ -43,11 +46,12 @@ export interface BrokerRuntimeDeps {
   store: MssqlQueueStore;
   options: ResolvedBrokerOptions;
   logger: QueueLogger;
-  workerId: string;
   listeners: readonly QueueEventListener[];
   maxPayloadBytes: number;
-  /** False in a producer-only process: no readers of target queues, no activation listener. */
+  /** False in a producer-only process: no receivers of target queues, no activation listener. */
   consume: boolean;
+  /** A receiver moved messages of broker queue `name` into its table queue: wake this process's handlers. */
+  onMoved?(name: string): void;
   clock?: Clock;
 }
 
@@ -57,11 +61,9 @@ export interface BrokerRuntimeDeps {
  */
 export async function createBrokerRuntime(deps: BrokerRuntimeDeps): Promise<BrokerRuntime> {
   const { options } = deps;
-  // Readers pin a connection each for their whole life; one per reader that may run, the
-  // listener's, and one per initiator queue.
-  const readerConnections =
-    (deps.consume ? options.queues.reduce((sum, q) => sum + q.maxReaders, 0) + listenerConnections(options) : 0) +
-    initiatorQueueCount(options);
+  // The listeners and initiator readers pin a connection each for their whole life; receivers
+  // open connections of their own.
+  const readerConnections = (deps.consume ? listenerConnections(options) : 0) + initiatorQueueCount(options);
   const driver = await createMssqlBrokerDriver(deps.store, {
     readerConnections,
     requestTimeoutMs: options.requestTimeoutMs,
@@ -73,11 +75,8 @@ export async function createBrokerRuntime(deps: BrokerRuntimeDeps): Promise<Brok
     await driver.close().catch(() => undefined);
     throw error;
   }
-  return new BrokerRuntime(driver, deps, readerConnections);
+  return new BrokerRuntime(driver, deps);
 }
-
-/** How often a consuming process sweeps the attempt journal of ended conversations. */
-const ATTEMPT_SWEEP_INTERVAL_MS = 3_600_000;
 
 /** Initiator queues of the options (the doorbell's too): each gets one reader (queues may share one). */
 function initiatorQueueCount(options: ResolvedBrokerOptions): number {
@@ -88,7 +87,6 @@ function initiatorQueueCount(options: ResolvedBrokerOptions): number {
 function listenerConnections(options: ResolvedBrokerOptions): number {
   return 1 + (options.doorbell ? 1 : 0);
 }
-
 /** Observes the broker objects and does what `setup` says: nothing, create them, or fail naming the fix. */
 export async function checkBrokerSetup(
   driver: BrokerDriver,
@@ -99,16 +97,24 @@ export async function checkBrokerSetup(
     const query = brokerObservationQuery(options);
     return assessBrokerSetup(parseBrokerObservation(await driver.query(query.text, query.params)), options);
   };
+  // A warning setup does not cure (an existing queue's settings) is seen again after it: once is enough.
+  const warned = new Set<string>();
+  const warn = (warnings: readonly string[]) => {
+    for (const warning of warnings.filter((w) => !warned.has(w))) {
+      warned.add(warning);
+      logger.warn(warning);
+    }
+  };
   let decision = brokerBootDecision(await observe(), options);
   if (decision.action === 'setup') {
-    for (const warning of decision.warnings) logger.warn(warning);
+    warn(decision.warnings);
     await applyBrokerSetup(driver, options, decision);
     logger.log(
       `Service Broker objects of ${options.queues.length} broker queue(s)${options.doorbell ? ' and the doorbell' : ''} set up (broker.setup: 'auto')`,
     );
     decision = brokerBootDecision(await observe(), options, true);
   }
-  for (const warning of decision.warnings) logger.warn(warning);
+  warn(decision.warnings);
   if (decision.action === 'fail') {
     if (decision.script) logger.error(`Service Broker setup script (broker.setup: 'print'):\n${decision.script}`);
     throw new SqlQueueConfigError(decision.message);
@@ -121,29 +127,21 @@ export class BrokerRuntime implements BrokerRuntimeApi {
   private readonly sender: BrokerSender;
   private readonly admin: BrokerAdmin;
   private readonly consumer: BrokerConsumer;
+  private readonly store: BrokerRuntimeDeps['store'];
   private readonly clock: Clock;
   private readonly logger: QueueLogger;
   private closed = false;
 
   readonly doorbell: BrokerDoorbell | null;
-  private readonly consume: boolean;
-  private sweepTimer: { cancel(): void } | null = null;
-  private sweeping = false;
-  /** The broker queues this process consumes (registered handlers). */
-  private readonly consumed: ResolvedBrokerQueue[] = [];
-  /** Readers registered so far (their maxReaders), against the reader pool's size. */
-  private registeredReaders = 0;
 
   constructor(
     private readonly driver: BrokerDriver,
     deps: BrokerRuntimeDeps,
-    /** Connections the reader pool was sized with; null: not limited (tests). */
-    private readonly readerConnections: number | null = null,
   ) {
     this.options = deps.options;
-    this.consume = deps.consume;
-    this.clock = deps.clock ?? systemClock;
+    this.store = deps.store;
     this.logger = deps.logger;
+    const clock = (this.clock = deps.clock ?? systemClock);
     this.byName = new Map(deps.options.queues.map((queue) => [queue.name, queue]));
     this.sender = new BrokerSender({
       driver,
@@ -153,14 +151,14 @@ export class BrokerRuntime implements BrokerRuntimeApi {
       dialogRecycleMs: deps.options.dialogRecycleMs,
       logger: deps.logger,
     });
-    this.admin = new BrokerAdmin({ driver, schema: deps.options.schema, sender: this.sender });
+    this.admin = new BrokerAdmin(driver);
     this.consumer = new BrokerConsumer({
       driver,
       options: deps.options,
-      clock: this.clock,
+      clock,
       logger: deps.logger,
-      workerId: deps.workerId,
       listeners: deps.listeners,
+      onMoved: (name) => deps.onMoved?.(name),
     });
     // Every process that may send ends the dialogs its targets end (no endpoint leak).
     for (const queue of brokerSetupQueues(deps.options)) this.consumer.registerInitiator(queue);
@@ -171,7 +169,7 @@ export class BrokerRuntime implements BrokerRuntimeApi {
           queue: deps.options.doorbell,
           waitTimeoutMs: deps.options.waitTimeoutMs,
           logger: deps.logger,
-          clock: this.clock,
+          clock,
         })
       : null;
   }
@@ -180,64 +178,26 @@ export class BrokerRuntime implements BrokerRuntimeApi {
     return this.byName.get(name);
   }
 
-  register(name: string, handler: BrokerHandler): void {
-    const queue = this.required(name);
-    // The pool was sized from the options before module init; a handler that only a factory
-    // provider yields can raise maxReaders after that, and its extra readers would wait for a
-    // connection that never comes.
-    const needed =
-      this.registeredReaders + queue.maxReaders + listenerConnections(this.options) + initiatorQueueCount(this.options);
-    if (this.readerConnections !== null && needed > this.readerConnections) {
-      throw new SqlQueueConfigError(
-        `broker queue '${name}': its handler sets maxReaders ${queue.maxReaders} after the Service Broker reader pool was sized (${this.readerConnections} connections): set maxReaders under broker.queues['${name}'] (a handler from a factory provider is only known after the pool is open)`,
-      );
-    }
-    this.consumer.register(queue, handler);
-    this.consumed.push(queue);
-    this.registeredReaders += queue.maxReaders;
+  register(name: string, options: { maxAttempts: number }): void {
+    this.consumer.register(this.required(name), options.maxAttempts);
+  }
+
+  jobHandler(name: string, handler: BrokerHandler): JobHandler {
+    return brokerJobHandler({
+      queue: this.required(name),
+      handler,
+      endConversation: async (handle) => {
+        await this.driver.query(endClosedConversation(), { handle: { type: 'uniqueidentifier', value: handle } });
+      },
+    });
   }
 
   async start(): Promise<void> {
     this.consumer.start();
-    if (this.consume) {
-      this.sweepTimer = this.clock.setInterval(() => void this.sweepJournal(), ATTEMPT_SWEEP_INTERVAL_MS);
-    }
   }
 
   stop(timeoutMs: number): Promise<void> {
-    this.sweepTimer?.cancel();
-    this.sweepTimer = null;
     return this.consumer.stop(timeoutMs);
-  }
-
-  /**
-   * Deletes attempt-journal rows of the queues this process consumes whose conversation is gone
-   * (see sweepOrphanedAttempts), in batches; never throws (the next run tries again). Every
-   * consuming process runs it hourly: the statement is cheap when there is nothing to delete.
-   */
-  async sweepJournal(): Promise<number> {
-    if (this.sweeping) return 0;
-    this.sweeping = true;
-    let deleted = 0;
-    try {
-      for (const queue of this.consumed) {
-        for (let batch = 0; batch < 10; batch++) {
-          const [row] = await this.driver.query<{ Deleted: number }>(
-            sweepOrphanedAttempts(this.options.schema, queue.queue),
-            { queue: { type: 'nvarchar', value: queue.name } },
-          );
-          deleted += Number(row?.Deleted ?? 0);
-          if (Number(row?.Deleted ?? 0) < 1_000) break;
-        }
-      }
-      if (deleted > 0)
-        this.logger.log(`Service Broker: removed ${deleted} attempt journal row(s) of ended conversations`);
-    } catch (error) {
-      this.logger.warn(`Service Broker: sweeping the attempt journal failed: ${(error as Error).message}`);
-    } finally {
-      this.sweeping = false;
-    }
-    return deleted;
   }
 
   async close(): Promise<void> {
@@ -246,7 +206,7 @@ export class BrokerRuntime implements BrokerRuntimeApi {
     await this.consumer.stop(0);
     if (!(await settleWithin(this.driver.close(), BROKER_CLOSE_TIMEOUT_MS))) {
       this.logger.warn(
-        `Service Broker reader connections were still busy ${BROKER_CLOSE_TIMEOUT_MS} ms into shutdown (a handler ignoring its abort signal, or an unresponsive database); not waiting for them`,
+        `Service Broker reader connections were still busy ${BROKER_CLOSE_TIMEOUT_MS} ms into shutdown (an unresponsive database?); not waiting for them`,
       );
     }
   }
@@ -259,20 +219,21 @@ export class BrokerRuntime implements BrokerRuntimeApi {
     return this.sender.send(this.required(name), body, options);
   }
 
-  listDeadMessages(name: string, page?: { limit?: number; afterId?: string | null }): Promise<BrokerDeadMessagePage> {
-    return this.admin.listDeadMessages(this.required(name), page);
+  async listDeadMessages(
+    name: string,
+    page: { limit?: number; afterId?: string | null } = {},
+  ): Promise<BrokerDeadMessagePage> {
+    const queue = this.required(name);
+    const limit = assertInteger('listDeadMessages limit', page.limit ?? 50, 1, 1000, SqlQueueValidationError);
+    const afterId = page.afterId === undefined || page.afterId === null ? null : assertJobId(page.afterId);
+    const { jobs, nextAfterId } = await this.store.listDead(name, { limit, afterId });
+    return { messages: jobs.map((job) => brokerDeadMessage(queue, job)), nextAfterId };
   }
 
-  retryDeadMessages(name: string, ids: readonly string[] | 'all'): Promise<string[]> {
-    return this.admin.retryDeadMessages(this.required(name), ids);
-  }
-
-  purgeDeadMessages(name: string, options?: { olderThanMs?: number }): Promise<number> {
-    return this.admin.purgeDeadMessages(this.required(name), options);
-  }
-
-  stats(name: string): Promise<BrokerQueueStats> {
-    return this.admin.brokerQueueFigures(this.required(name));
+  async stats(name: string): Promise<BrokerQueueStats> {
+    const queue = this.required(name);
+    const [messagesWaiting, table] = await Promise.all([this.admin.messagesWaiting(queue), this.store.stats(name)]);
+    return { messagesWaiting, dead: table.dead };
   }
 
   conversationEndpoints(): Promise<Record<string, number>> {

@@ -136,7 +136,7 @@ VALUES (@queue, @dialogKey, @dialog, 'A', @sent);`;
  * declared; leaves @rowId at the last row sent and counts @sent. A NULL body goes as an empty one
  * (SEND refuses NULL).
  */
-export function sendEachInIdOrder(handle: string, source: string, filter: string, queue: ResolvedBrokerQueue): string {
+function sendEachInIdOrder(handle: string, source: string, filter: string, queue: ResolvedBrokerQueue): string {
   return `WHILE 1 = 1
 BEGIN
   SELECT TOP (1) @rowId = [Id], @rowBody = [MessageBody]

@@ -172,19 +172,6 @@ export class BrokerSender {
     return body === null ? { conversationHandle: null } : this.open(session, queue, withBody);
   }
 
-  /**
-   * The handle of `dialogKey`'s active dialog, begun (with nothing sent) when the key has none.
-   * The key's row stays locked until the session ends. @internal
-   */
-  async ensureDialog(session: BrokerSession, queue: ResolvedBrokerQueue, dialogKey: string): Promise<string> {
-    const key = this.keyParams(queue, dialogKey);
-    const [row] = await session.query<DialogRow & Record<string, unknown>>(lockDialog(this.schema), key);
-    if (row?.State === 'A') return String(row.ConversationHandle);
-    if (row) throw new SqlQueueError(`broker queue '${queue.name}': dialog key '${dialogKey}' is closing`);
-    const opened = await this.open(session, queue, { ...key, body: { type: 'varbinary', value: null } });
-    return opened.conversationHandle!;
-  }
-
   private keyParams(queue: ResolvedBrokerQueue, dialogKey: string): BrokerParams {
     return {
       queue: { type: 'nvarchar', value: queue.name },

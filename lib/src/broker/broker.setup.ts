@@ -2,7 +2,7 @@ import { brokerSetupQueues } from './broker.options.js';
 import { SqlQueueConfigError } from '../core/errors.js';
 import { describe } from '../core/validation.js';
 import { quoteMssqlIdentifier } from '../store/mssql/mssql.identifiers.js';
-import { mssqlMigrationLock, mssqlMigrationLockResource } from '../store/mssql/mssql.migrations.js';
+import { mssqlMigrationLock, mssqlMigrationLockResource, mssqlRuntimeGrants } from '../store/mssql/mssql.migrations.js';
 import {
   BROKER_EVENT,
   BROKER_SYSTEM,
@@ -24,15 +24,24 @@ import type {
 // at boot with setup 'auto', printed for a DBA otherwise), the least-privilege grants, the one
 // query boot reads them with, and the pure rules that turn what it saw into what to do.
 
-/** Our tables in the module schema (migration 6), for the grants script. */
+/** The sender's tables in the module schema (migration 6), for the grants script. */
 const BROKER_TABLES = {
-  attempts: 'BrokerAttempts',
-  dead: 'BrokerDead',
   dialogs: 'BrokerDialogs',
   outbox: 'BrokerOutbox',
 } as const;
 
-const QUEUE_OPTIONS = 'WITH STATUS = ON, RETENTION = OFF, POISON_MESSAGE_HANDLING (STATUS = ON)';
+/**
+ * POISON_MESSAGE_HANDLING OFF: Service Broker's own poison handling disables a queue after five
+ * rolled-back receives, from any session and for any cause, and the disable then waits for an
+ * exclusive schema lock that stops every reader and sender of the queue behind it. Our receivers
+ * never roll back a receive for a message's sake (a message becomes a job whatever it holds;
+ * the table queue retries and dead-letters failing ones), so the only rollbacks left are a
+ * doomed transaction or a lost connection, after which the messages should simply be received
+ * again. That is what the option is for: "Do not disable automatic poison message handling
+ * unless the application using the queue has the logic to handle poison messages"
+ * (ServiceQueue.IsPoisonMessageHandlingEnabled, SMO); the table queue is that logic.
+ */
+const QUEUE_OPTIONS = 'WITH STATUS = ON, RETENTION = OFF, POISON_MESSAGE_HANDLING (STATUS = OFF)';
 
 /** Needs exclusive access to the database: never part of a script, run only on request. */
 export function brokerEnableStatement(): string {
@@ -288,17 +297,20 @@ function assertPrincipal(role: string, value: unknown): string {
 /**
  * Least-privilege GRANT statements for the broker queues, per role (a role left out gets none):
  * - readers: RECEIVE on the target and notification queues, VIEW DEFINITION on the notification
- *   service, SELECT/INSERT/UPDATE/DELETE on BrokerAttempts and BrokerDead, and database-wide
- *   VIEW DEFINITION (catalog views show only objects a principal holds a permission on, and an
- *   event notification takes no grant of its own).
+ *   service, database-wide VIEW DEFINITION (catalog views show only objects a principal holds a
+ *   permission on, and an event notification takes no grant of its own), and the table queue's
+ *   runtime grants (receivers enqueue what they receive; mssqlRuntimeGrants).
  * - senders: SEND on the target services, RECEIVE on the initiator queues (a dialog begins FROM
  *   the initiator service, and EndDialog and Error come back there), REFERENCES on contracts and
  *   message types, SELECT/INSERT/UPDATE/DELETE on BrokerDialogs and BrokerOutbox, VIEW DEFINITION;
  *   with the doorbell, RECEIVE on its queue too (a ring reads it first; that reading a queue
- *   needs RECEIVE is our assumption, which the live least-privilege test checks).
+ *   needs RECEIVE is our assumption, which the live least-privilege test checks); and the table
+ *   queue's runtime grants (every process of the module runs the reaper and retention).
  * - admin: ALTER on the target queues (re-enabling a queue, recreating its event notifications)
- *   and SELECT/INSERT/UPDATE/DELETE on all four tables. retryDead sends again: give the admin
- *   principal the senders' grants too.
+ *   and SELECT/INSERT/UPDATE/DELETE on the sender's tables. Dead messages are dead jobs: retrying
+ *   and purging them needs the runtime grants only.
+ * VIEW SERVER STATE (VIEW SERVER PERFORMANCE STATE from SQL Server 2022) is not granted: the
+ * broker health reading then says it could not read the lock manager, and reports the rest.
  * The live least-privilege test (test:mssql) is what proves the set sufficient.
  */
 export function brokerGrantsScript(options: ResolvedBrokerOptions, grantees: BrokerGrantees): string {
@@ -316,9 +328,8 @@ export function brokerGrantsScript(options: ResolvedBrokerOptions, grantees: Bro
       ...qs.map((q) => `GRANT RECEIVE ON ${quoteBrokerObject(q.queue)} TO ${to};`),
       `GRANT RECEIVE ON ${quoteBrokerObject(options.notificationQueue)} TO ${to};`,
       `GRANT VIEW DEFINITION ON SERVICE::${quoteMssqlIdentifier(options.notificationService)} TO ${to};`,
-      dml(BROKER_TABLES.attempts, to),
-      dml(BROKER_TABLES.dead, to),
       `GRANT VIEW DEFINITION TO ${to};`,
+      ...mssqlRuntimeGrants(options.schema, to),
     );
   }
   if (grantees.senders !== undefined) {
@@ -340,6 +351,7 @@ export function brokerGrantsScript(options: ResolvedBrokerOptions, grantees: Bro
       dml(BROKER_TABLES.dialogs, to),
       dml(BROKER_TABLES.outbox, to),
       `GRANT VIEW DEFINITION TO ${to};`,
+      ...mssqlRuntimeGrants(options.schema, to),
     );
   }
   if (grantees.admin !== undefined) {
@@ -522,7 +534,7 @@ export type BrokerProblemKind =
   | 'broker-disabled'
   | 'queue-disabled'
   | 'internal-activation'
-  | 'poison-handling-off'
+  | 'poison-handling-on'
   | 'service-queue'
   | 'service-contract'
   | 'message-type-validation'
@@ -616,12 +628,12 @@ export function assessBrokerSetup(observed: BrokerObservation, options: Resolved
         fix: `run ALTER QUEUE ${quoted} WITH ACTIVATION (DROP); if nothing else relies on that procedure, or give the broker queue a queue of its own`,
       });
     }
-    if (!found.poisonHandling) {
+    if (found.poisonHandling) {
       problems.push({
-        kind: 'poison-handling-off',
+        kind: 'poison-handling-on',
         severity: 'warning',
-        message: `queue ${quoted} has POISON_MESSAGE_HANDLING (STATUS = OFF): SQL Server never stops a message that rolls back forever (our attempt journal still dead-letters it)`,
-        fix: `run ALTER QUEUE ${quoted} WITH POISON_MESSAGE_HANDLING (STATUS = ON);`,
+        message: `queue ${quoted} has POISON_MESSAGE_HANDLING (STATUS = ON): five rolled-back receives by any session (a crash, a deadlock victim, someone inspecting a message in a transaction) disable it, and until the disable gets its schema lock every reader and sender of the queue waits; failing messages are dead-lettered by the table queue instead`,
+        fix: `run ALTER QUEUE ${quoted} WITH POISON_MESSAGE_HANDLING (STATUS = OFF);`,
       });
     }
   };

@@ -1,5 +1,5 @@
-import type { BackoffOption, RetryDelay } from '../core/backoff.js';
-import type { BrokerDeadReason } from '../core/events.js';
+import type { JobContext, JobHandler } from '../core/handler.js';
+import type { QueueOptions } from '../core/options.js';
 
 // Service Broker transport: the shapes every part of lib/src/broker/ shares. Nothing here loads
 // `mssql` (an optional peer); only broker.mssql-driver.ts does, and it is loaded on demand.
@@ -10,9 +10,17 @@ export type BrokerBodyFormat = 'json' | 'raw' | 'xml';
 /** `auto` creates missing broker objects at boot; `print` logs the script and fails; `off` only checks. */
 export type BrokerSetupMode = 'auto' | 'print' | 'off';
 
-/** One broker queue, as a user declares it under `broker.queues[name]`. Every name is optional. */
-export interface BrokerQueueOptions {
-  /** The Service Broker queue readers receive from: 'name' (in the module schema) or 'schema.name'. */
+/**
+ * One broker queue, as a user declares it under `broker.queues[name]`. Every name is optional.
+ *
+ * Receivers move the queue's messages, in the transaction that RECEIVEs them, into the table
+ * queue of the same name as jobs of one ordered group per conversation group; handlers then run
+ * them as table-queue jobs (leases, retries with backoff, the dead state). So the table-queue
+ * options apply here too (`maxReaders` is how many handlers run at once in this process), with
+ * other defaults: maxAttempts 5, backoff exponential from 1 s to 1 min, groupBatchSize 10.
+ */
+export interface BrokerQueueOptions extends QueueOptions {
+  /** The Service Broker queue receivers RECEIVE from: 'name' (in the module schema) or 'schema.name'. */
   queue?: string;
   /** The target service on that queue (the one senders address). */
   service?: string;
@@ -28,18 +36,15 @@ export interface BrokerQueueOptions {
   initiatorService?: string;
   /** Body format handed to the handler and sent by `send()` (default 'json'). */
   format?: BrokerBodyFormat;
-  /** Readers kept running when the queue is idle (default 1). */
-  minReaders?: number;
-  /** Most readers of this queue in this process; maps to MAX_QUEUE_READERS (default 5). */
-  maxReaders?: number;
-  /** Handler runs of one message before it is dead-lettered (default 5). */
-  maxAttempts?: number;
-  /** Delay before a failed message runs again; its group waits meanwhile (default exponential from 1 s, max 1 min). */
-  backoff?: BackoffOption;
-  /** Messages received and committed per transaction (count-and-commit, default 10). */
+  /** Receivers kept waiting in RECEIVE when the queue is idle, in this process (default 1). */
+  minReceivers?: number;
+  /**
+   * Most receivers of this queue in this process (default 2): QUEUE_ACTIVATION starts one more
+   * when messages pile up faster than they move. A receiver never runs a handler.
+   */
+  maxReceivers?: number;
+  /** Messages one move transaction RECEIVEs and hands to the table queue (default 100). */
   messagesPerTransaction?: number;
-  /** Longest a handler may run; then its signal aborts and the attempt fails (default 1 h, null: none). */
-  maxDurationMs?: number | null;
 }
 
 /** Module option `broker`. */
@@ -78,7 +83,7 @@ export interface BrokerObjectName {
 }
 
 export interface ResolvedBrokerQueue {
-  /** The option key: what `@QueueHandler(name)` and `send(name, …)` use. */
+  /** The option key: what `@QueueHandler(name)` and `send(name, …)` use, and the table queue's name. */
   name: string;
   queue: BrokerObjectName;
   service: string;
@@ -91,18 +96,21 @@ export interface ResolvedBrokerQueue {
   activationNotification: string;
   disabledNotification: string;
   format: BrokerBodyFormat;
-  minReaders: number;
-  maxReaders: number;
-  maxAttempts: number;
-  retryDelay: RetryDelay;
+  minReceivers: number;
+  maxReceivers: number;
   messagesPerTransaction: number;
-  maxDurationMs: number | null;
+  /**
+   * The table-queue options of the handler side, validated, with the broker defaults filled in
+   * where the user set nothing (maxAttempts, backoff, groupBatchSize); `@QueueHandler` options go
+   * over them.
+   */
+  handlerOptions: QueueOptions;
   /** The internal doorbell queue (broker.doorbell): no event notifications, never a handler's. */
   doorbell?: true;
 }
 
 export interface ResolvedBrokerOptions {
-  /** The module schema: our tables (BrokerAttempts, BrokerDead, BrokerDialogs, BrokerOutbox) live there. */
+  /** The module schema: our tables (BrokerDialogs, BrokerOutbox, and the table queue's) live there. */
   schema: string;
   setup: BrokerSetupMode;
   enableBroker: boolean;
@@ -119,20 +127,16 @@ export interface ResolvedBrokerOptions {
   doorbell: ResolvedBrokerQueue | null;
 }
 
-/** What a handler of a broker queue knows about the message it runs. */
-export interface BrokerMessageContext {
-  /** The broker queue's name (the `broker.queues` key). */
-  queue: string;
+/**
+ * What a handler of a broker queue knows about the message it runs: the job's context (its
+ * attempt, signal, lease) and where the message came from.
+ */
+export interface BrokerMessageContext extends JobContext {
   conversationHandle: string;
   conversationGroupId: string;
   messageTypeName: string;
-  /** Decimal string (bigint). Within a conversation, messages arrive in this order. */
+  /** Decimal string (bigint). Within a conversation, messages are handled in this order. */
   messageSequenceNumber: string;
-  /** 1 for the first run of this message. */
-  attempt: number;
-  maxAttempts: number;
-  /** Aborts when the handler runs past maxDurationMs or the application shuts down. */
-  signal: AbortSignal;
 }
 
 /** A broker queue's handler as the broker runtime sees it. */
@@ -162,10 +166,23 @@ export interface BrokerSession {
   rollback(): Promise<void>;
 }
 
+/**
+ * A connection of its own, outside any pool another part shares: a receiver's. Each batch runs
+ * in autocommit unless it opens a transaction itself. One request at a time (tedious).
+ */
+export interface BrokerConnection {
+  /** Runs one batch; resolves to the last result set's rows. */
+  query<R extends BrokerRow = BrokerRow>(text: string, params?: BrokerParams): Promise<R[]>;
+  /** Sends an attention for the statement in flight (an idle WAITFOR); it rejects with a cancellation. */
+  cancel(): void;
+  /** Closes the connection: a transaction still open on it rolls back on the server. */
+  close(): Promise<void>;
+}
+
 export interface BrokerDriver {
   /**
-   * A transaction on a reader connection: a dedicated pool (one connection per reader, plus the
-   * listener's), XACT_ABORT OFF, requestTimeout above the WAITFOR timeout.
+   * A transaction on a reader connection: a dedicated pool (the activation listener's, the
+   * initiator readers' and the doorbell's), XACT_ABORT OFF, requestTimeout above the WAITFOR timeout.
    */
   beginReader(): Promise<BrokerSession>;
   /**
@@ -173,8 +190,14 @@ export interface BrokerDriver {
    * Transaction) whose commit and rollback stay the caller's: then commit()/rollback() do nothing.
    */
   begin(callerTransaction?: unknown): Promise<BrokerSession>;
-  /** One autocommit batch on the shared pool (journal, health, setup). */
+  /**
+   * One autocommit batch on the shared pool (health, setup, figures), run behind the store's
+   * autocommit guard: it refuses a connection with an open transaction and resets the session
+   * options a shared pool may carry over (MSSQL_AUTOCOMMIT_SESSION).
+   */
   query<R extends BrokerRow = BrokerRow>(text: string, params?: BrokerParams): Promise<R[]>;
+  /** A connection of its own (reader settings), for a receiver. */
+  openConnection(): Promise<BrokerConnection>;
   /** The SQL Server error number of a failed request, if it has one. */
   errorNumber(error: unknown): number | undefined;
   /** True for the rejection of a request stopped by cancel(). */
@@ -182,24 +205,21 @@ export interface BrokerDriver {
   close(): Promise<void>;
 }
 
-/** A message in the dead table of a broker queue. */
+/** A dead job of a broker queue, as the message it carries. */
 export interface BrokerDeadMessage {
-  /** Row id in the dead table (decimal string): what retry and purge take. */
+  /** The dead job's id (decimal string): what retry and purge take. */
   id: string;
   queue: string;
   conversationHandle: string;
   conversationGroupId: string;
   messageSequenceNumber: string;
   messageTypeName: string;
-  /** Decoded per the queue's format (parsed JSON, Buffer, XML text); a body that no longer decodes is its Buffer. */
+  /** Decoded per the queue's format (parsed JSON, Buffer, XML text); a body that does not decode is its Buffer. */
   body: unknown;
-  /** Handler runs started. */
+  /** Handler runs started (lease expiries included). */
   attempts: number;
-  /** Of those, runs that ended in a full rollback (a crash or lost connection), not a handler error. */
-  crashes: number;
   lastError: string | null;
-  reason: BrokerDeadReason;
-  deadAt: Date;
+  deadAt: Date | null;
 }
 
 export interface BrokerDeadMessagePage {
@@ -210,9 +230,9 @@ export interface BrokerDeadMessagePage {
 
 /** Figures of one broker queue, read with bounded statements. */
 export interface BrokerQueueStats {
-  /** Messages in the Service Broker queue (from its internal table's row count, never a scan). */
+  /** Messages in the Service Broker queue, not yet moved to the table queue (from its internal table's row count, never a scan). */
   messagesWaiting: number;
-  /** Messages in the dead table for this queue. */
+  /** Dead jobs of the broker queue's table queue. */
   dead: number;
 }
 
@@ -220,10 +240,11 @@ export interface BrokerQueueStats {
 export interface BrokerQueueSnapshot {
   queue: string;
   consumed: boolean;
-  readers: number;
-  busyReaders: number;
-  minReaders: number;
-  maxReaders: number;
+  receivers: number;
+  /** Receivers in a move transaction right now (the rest wait in RECEIVE). */
+  busyReceivers: number;
+  minReceivers: number;
+  maxReceivers: number;
   /** Engine clock (ms) of the last activation, or null. */
   lastActivationAt: number | null;
   /** A BROKER_QUEUE_DISABLED event arrived and no later check saw the queue enabled. */
@@ -259,15 +280,20 @@ export interface BrokerSent {
 export interface BrokerRuntimeApi {
   readonly options: ResolvedBrokerOptions;
   queue(name: string): ResolvedBrokerQueue | undefined;
-  register(name: string, handler: BrokerHandler): void;
+  /**
+   * Starts receivers of broker queue `name` at start(): they move its messages into its table
+   * queue, whose jobs `maxAttempts` (the handler's resolved value) is the default of.
+   */
+  register(name: string, options: { maxAttempts: number }): void;
+  /** The table-queue handler of broker queue `name`'s jobs: decodes each message and calls `handler`. */
+  jobHandler(name: string, handler: BrokerHandler): JobHandler;
   start(): Promise<void>;
   stop(timeoutMs: number): Promise<void>;
   close(): Promise<void>;
   snapshot(): BrokerSnapshot;
   send(name: string, body: unknown, options?: { groupKey?: string; transaction?: unknown }): Promise<BrokerSent>;
+  /** The dead jobs of broker queue `name`, as the messages they carry. */
   listDeadMessages(name: string, page?: { limit?: number; afterId?: string | null }): Promise<BrokerDeadMessagePage>;
-  retryDeadMessages(name: string, ids: readonly string[] | 'all'): Promise<string[]>;
-  purgeDeadMessages(name: string, options?: { olderThanMs?: number }): Promise<number>;
   stats(name: string): Promise<BrokerQueueStats>;
   /** Endpoints of this database's conversations by state (CONVERSING, DISCONNECTED_INBOUND, CLOSED, …). */
   conversationEndpoints(): Promise<Record<string, number>>;

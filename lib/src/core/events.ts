@@ -29,20 +29,21 @@ export interface QueueEventListener {
    * fixed it. Normal operation never causes one: each is worth a look.
    */
   groupRepaired?(event: { queue: string; groupKey: string; problem: string }): void;
-  // Service Broker queues (SQL Server): `queue` is the broker queue's name (its `broker.queues` key).
-  /** A handler finished a message, which commits with its transaction. */
-  brokerHandled?(event: { queue: string; attempt: number; durationMs: number }): void;
-  /** A handler threw; the message returned to the queue (`dead`: it was moved to the dead table instead). */
-  brokerFailed?(event: { queue: string; attempt: number; dead: boolean; error: string }): void;
-  /** Messages moved to the dead table: after maxAttempts, after repeated crashes, or with their ended conversation. */
-  brokerDeadLettered?(event: { queue: string; reason: BrokerDeadReason; count: number }): void;
-  /** Readers of a broker queue in this process changed. */
-  brokerReadersChanged?(event: {
+  // Service Broker queues (SQL Server): `queue` is the broker queue's name (its `broker.queues`
+  // key). Their handlers run as jobs of the table queue of that name, so `completed`, `failed`
+  // and the rest report them as for any table queue.
+  /**
+   * A receiver's move committed: `received` messages taken from the Service Broker queue,
+   * `moved` of them now jobs, `ended` conversations ended (EndDialog or Error received).
+   */
+  brokerMoved?(event: { queue: string; received: number; moved: number; ended: number }): void;
+  /** Receivers of a broker queue (or the reader of an initiator queue) in this process changed. */
+  brokerReceiversChanged?(event: {
     queue: string;
-    readers: number;
+    receivers: number;
     reason: 'start' | 'activation' | 'poll' | 'retire' | 'stop';
   }): void;
-  /** An activation started a reader: a QUEUE_ACTIVATION notification, or the slow poll. */
+  /** An activation started a receiver: a QUEUE_ACTIVATION notification, or the slow poll. */
   brokerActivated?(event: { queue: string; source: 'notification' | 'poll' }): void;
   /** The activation event notification of a queue was missing or broken; it was recreated (or could not be). */
   brokerNotificationLost?(event: { queue: string; problem: string; recreated: boolean }): void;
@@ -53,13 +54,6 @@ export interface QueueEventListener {
    */
   scheduleFired?(event: { id: string; queue: string; ticks: number; skipped: number; lagMs: number }): void;
 }
-
-/**
- * Why a broker message is in the dead table: its handler failed maxAttempts times; its reader
- * crashed (full rollbacks) too often to risk Service Broker's five-rollback disable; or it was
- * still queued when its conversation was ended with an error, and is kept rather than dropped.
- */
-export type BrokerDeadReason = 'max-attempts' | 'crashes' | 'conversation-ended';
 
 export function safeEmit<K extends keyof QueueEventListener>(
   listeners: readonly QueueEventListener[],

@@ -138,7 +138,8 @@ export interface ResolvedRetentionOptions {
   batchSize: number;
 }
 
-const QUEUE_OPTION_KEYS: readonly (keyof QueueOptions)[] = [
+/** Every per-queue option's name. */
+export const QUEUE_OPTION_KEYS: readonly (keyof QueueOptions)[] = [
   'minReaders',
   'maxReaders',
   'batchSize',

@@ -1,5 +1,5 @@
 import { SqlQueueConfigError } from './errors.js';
-import type { BrokerDeadReason, QueueEventListener } from './events.js';
+import type { QueueEventListener } from './events.js';
 import type { QueueStore } from './queue-store.js';
 import type { QueueHealth } from './types.js';
 import { withTimeout } from './timeout.js';
@@ -340,14 +340,19 @@ export class QueueHealthReader {
   }
 }
 
-/** This process's Service Broker events of one broker queue, counted since it started. */
+/**
+ * This process's Service Broker events of one broker queue, counted since it started (its
+ * handlers' outcomes are the table queue's figures).
+ */
 export interface BrokerEventFigures {
   queue: string;
-  handled: number;
-  failed: number;
-  /** Messages moved to the dead table, by reason (max-attempts, crashes, conversation-ended). */
-  deadLettered: Record<BrokerDeadReason, number>;
-  /** Readers started by a QUEUE_ACTIVATION notification, or by the slow poll. */
+  /** Messages its receivers took from the Service Broker queue. */
+  received: number;
+  /** Of those, messages now jobs of its table queue (the rest: EndDialog, Error, DialogTimer). */
+  moved: number;
+  /** Conversations ended by EndDialog or Error messages received. */
+  ended: number;
+  /** Receivers started by a QUEUE_ACTIVATION notification, or by the slow poll. */
   activations: { notification: number; poll: number };
   /** Times the queue's event notification was found missing or broken. */
   notificationLost: number;
@@ -362,9 +367,9 @@ export class BrokerEventCounts implements QueueEventListener {
     if (!figures) {
       figures = {
         queue,
-        handled: 0,
-        failed: 0,
-        deadLettered: { 'max-attempts': 0, crashes: 0, 'conversation-ended': 0 },
+        received: 0,
+        moved: 0,
+        ended: 0,
         activations: { notification: 0, poll: 0 },
         notificationLost: 0,
       };
@@ -373,16 +378,11 @@ export class BrokerEventCounts implements QueueEventListener {
     return figures;
   }
 
-  brokerHandled(event: { queue: string }): void {
-    this.figures(event.queue).handled++;
-  }
-
-  brokerFailed(event: { queue: string }): void {
-    this.figures(event.queue).failed++;
-  }
-
-  brokerDeadLettered(event: { queue: string; reason: BrokerDeadReason; count: number }): void {
-    this.figures(event.queue).deadLettered[event.reason] += event.count;
+  brokerMoved(event: { queue: string; received: number; moved: number; ended: number }): void {
+    const figures = this.figures(event.queue);
+    figures.received += event.received;
+    figures.moved += event.moved;
+    figures.ended += event.ended;
   }
 
   brokerActivated(event: { queue: string; source: 'notification' | 'poll' }): void {

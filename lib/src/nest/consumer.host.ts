@@ -9,7 +9,7 @@ import {
 import { systemClock } from '../core/clock.js';
 import { SqlQueueConsumer, type ConsumerSnapshot } from '../core/consumer.js';
 import type { ResolvedQueueOptions } from '../core/options.js';
-import { applyBrokerHandlerOptions, splitHandlers } from './broker-handlers.js';
+import { splitHandlers } from './broker-handlers.js';
 import { declaredHandlers, type BrokerMessageHandler } from './queue-handler.decorator.js';
 import { QueueHandlerExplorer, resolveHandlerOptions } from './queue-handler.explorer.js';
 import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
@@ -63,12 +63,16 @@ export class SqlQueueConsumerHost implements OnModuleInit, OnApplicationBootstra
       return resolved;
     });
     for (const handler of brokerHandlers) {
-      // Again here: a factory provider's handler is only known now.
-      applyBrokerHandlerOptions(options.broker!, handler);
-      if (options.consumer.enabled) {
-        const instance = handler.instance as unknown as BrokerMessageHandler;
-        this.runtime.broker!.register(handler.queue, (body, context) => instance.handle(body, context));
-      }
+      // A broker queue's messages run as jobs of its table queue; its receivers move them there.
+      const resolved = resolveHandlerOptions(handler, options);
+      const instance = handler.instance as unknown as BrokerMessageHandler;
+      const broker = this.runtime.broker!;
+      consumer.register(
+        resolved,
+        broker.jobHandler(handler.queue, (body, context) => instance.handle(body, context)),
+      );
+      if (options.consumer.enabled) broker.register(handler.queue, { maxAttempts: resolved.maxAttempts });
+      queues.push(resolved);
     }
     if (options.consumer.enabled) {
       this.warnUnconsumed([...handlers, ...brokerHandlers].map((handler) => handler.queue));

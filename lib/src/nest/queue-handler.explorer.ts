@@ -116,13 +116,15 @@ const NOT_SINGLETON = 'handlers must be singleton providers, but this one is req
 const RUNS_OUTSIDE_REQUESTS = 'jobs run outside any request';
 
 /**
- * A handler's effective options: its decorator over the module's `queues` entry over the
- * consumer defaults. Needs no database, so it runs before the connection too.
+ * A handler's effective options: its decorator over the module's `queues` entry (for a Service
+ * Broker queue: its `broker.queues` entry, with the broker defaults) over the consumer defaults.
+ * Needs no database, so it runs before the connection too.
  */
 export function resolveHandlerOptions(handler: DeclaredHandler, options: ResolvedModuleOptions): ResolvedQueueOptions {
+  const broker = options.broker?.queues.find((queue) => queue.name === handler.queue);
   return resolveQueueOptions(
     handler.queue,
-    { module: options.queues[handler.queue], handler: handler.options },
+    { module: broker ? broker.handlerOptions : options.queues[handler.queue], handler: handler.options },
     options.consumer,
     `@QueueHandler('${handler.queue}') on ${handler.className}`,
   );

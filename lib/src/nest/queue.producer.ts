@@ -80,30 +80,26 @@ export class QueueProducer {
     return this.runtime.producer.stats(queue);
   }
 
-  /** Dead jobs of a queue, oldest first, `limit` (default 50) per page; pass `nextAfterId` on. */
+  /**
+   * Dead jobs of a queue, oldest first, `limit` (default 50) per page; pass `nextAfterId` on. A
+   * Service Broker queue's dead jobs carry their message as the receiver stored it;
+   * listDeadMessages() decodes it.
+   */
   listDead(queue: string, page?: { limit?: number; afterId?: JobId | null }): Promise<DeadJobPage> {
-    if (this.isBrokerQueue(queue)) return this.listDeadMessagesAsJobs(queue, page);
     return this.runtime.producer.listDead(queue, page);
   }
 
-  /** Gives dead jobs (the ids, or 'all' of the queue) a fresh attempt budget; returns the ids moved. */
+  /**
+   * Gives dead jobs (the ids, or 'all' of the queue) a fresh attempt budget; returns the ids
+   * moved. In an ordered group (a broker queue's conversation too) a retried job runs in its old
+   * place: before the group's later jobs that have not run yet.
+   */
   retryDead(queue: string, jobIds: readonly JobId[] | 'all'): Promise<JobId[]> {
-    if (this.isBrokerQueue(queue)) return this.retryDeadMessages(queue, jobIds);
     return this.runtime.producer.retryDead(queue, jobIds);
   }
 
   /** Deletes dead jobs of a queue: all, only those dead longer than `olderThanMs`, or only `ids`. */
   purgeDead(queue: string, options?: { olderThanMs?: number; ids?: readonly JobId[] }): Promise<number> {
-    if (this.isBrokerQueue(queue)) {
-      if (options?.ids !== undefined) {
-        return Promise.reject(
-          new SqlQueueValidationError(
-            `'${queue}' is a Service Broker queue: purgeDead purges its dead messages all at once or by olderThanMs, not by ids`,
-          ),
-        );
-      }
-      return this.purgeDeadMessages(queue, options);
-    }
     return this.runtime.producer.purgeDead(queue, options);
   }
 
@@ -128,63 +124,18 @@ export class QueueProducer {
     return this.broker(queue).send(queue, body, options);
   }
 
-  /** Dead messages of a broker queue, oldest first, `limit` (default 50) per page; pass `nextAfterId` on. */
+  /**
+   * The dead jobs of a broker queue as the messages they carry (body decoded per the queue's
+   * format, conversation, sequence number), oldest first, `limit` (default 50) per page. Retry or
+   * purge them by id with retryDead() and purgeDead(), as any dead job.
+   */
   listDeadMessages(queue: string, page?: { limit?: number; afterId?: string | null }): Promise<BrokerDeadMessagePage> {
     return this.broker(queue).listDeadMessages(queue, page);
   }
 
-  /**
-   * Sends dead messages of a broker queue (the ids, or 'all') again, in their dead-table order on
-   * one new dialog, and removes them from the dead table; returns the ids sent.
-   */
-  retryDeadMessages(queue: string, ids: readonly string[] | 'all'): Promise<string[]> {
-    return this.broker(queue).retryDeadMessages(queue, ids);
-  }
-
-  /** Deletes dead messages of a broker queue (only those dead longer than `olderThanMs`, if given). */
-  purgeDeadMessages(queue: string, options?: { olderThanMs?: number }): Promise<number> {
-    return this.broker(queue).purgeDeadMessages(queue, options);
-  }
-
-  /** Messages waiting in a broker queue, and its dead messages. */
+  /** Messages waiting in a broker queue (not moved to its table queue yet), and its dead jobs. */
   brokerStats(queue: string): Promise<BrokerQueueStats> {
     return this.broker(queue).stats(queue);
-  }
-
-  private isBrokerQueue(queue: string): boolean {
-    return this.runtime.broker?.queue(queue) !== undefined;
-  }
-
-  /**
-   * listDead() on a broker queue: its dead messages as job records (id = dead-table id, payload =
-   * body); listDeadMessages() gives the conversation, message type and reason too.
-   */
-  private async listDeadMessagesAsJobs(
-    queue: string,
-    page?: { limit?: number; afterId?: JobId | null },
-  ): Promise<DeadJobPage> {
-    const { messages, nextAfterId } = await this.listDeadMessages(queue, page);
-    const maxAttempts = this.runtime.broker!.queue(queue)!.maxAttempts;
-    const jobs = messages.map((message): JobRecord => ({
-      id: message.id,
-      queue,
-      state: 'dead',
-      payload: message.body,
-      priority: 0,
-      runAt: message.deadAt,
-      groupKey: null,
-      idempotencyKey: null,
-      attempts: message.attempts,
-      maxAttempts,
-      claimToken: null,
-      leaseUntil: null,
-      workerId: null,
-      createdAt: message.deadAt,
-      claimedAt: null,
-      finishedAt: message.deadAt,
-      lastError: message.lastError ?? `dead: ${message.reason}`,
-    }));
-    return { jobs, nextAfterId };
   }
 
   private broker(queue: string): BrokerRuntimeApi {

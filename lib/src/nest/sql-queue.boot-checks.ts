@@ -1,6 +1,6 @@
 import type { SchedulerRegistry } from '@nestjs/schedule';
 import { SqlQueueConfigError } from '../core/errors.js';
-import { applyBrokerHandlerOptions, BROKER_NEEDS_SQL_SERVER, splitHandlers } from './broker-handlers.js';
+import { BROKER_NEEDS_SQL_SERVER, splitHandlers } from './broker-handlers.js';
 import { resolveHandlerOptions, type QueueHandlerExplorer, type ResolvedHandler } from './queue-handler.explorer.js';
 import type { ResolvedModuleOptions } from './sql-queue.options.js';
 import { SQL_QUEUE_MODULE_OPTIONS } from './sql-queue.module-definition.js';
@@ -13,8 +13,8 @@ export const BARE_IMPORT =
  * Every boot check that needs no database, run in the runtime's factory before the pool
  * connects: with the database down, a bad handler or a missing ScheduleModule is still
  * reported as itself, not hidden behind a connection error. Returns the declared handlers with
- * their effective options, so the runtime knows them from the first enqueue; the handlers of
- * Service Broker queues set their queue's options in `options.broker` instead.
+ * their effective options, so the runtime knows them from the first enqueue (a Service Broker
+ * queue's handlers too: its messages run as jobs of its table queue).
  *
  * What needs the built handler (its handle() method, request-scoped dependencies) or a factory
  * provider's result is checked at module init (SqlQueueConsumerHost).
@@ -39,9 +39,11 @@ export function checkBeforeConnecting(
     if (connection.dialect === 'postgres' || connection.pglite !== undefined) {
       throw new SqlQueueConfigError(BROKER_NEEDS_SQL_SERVER);
     }
-    for (const handler of declared.broker) applyBrokerHandlerOptions(options.broker, handler);
   }
-  const handlers = declared.table.map((handler) => ({ ...handler, resolved: resolveHandlerOptions(handler, options) }));
+  const handlers = [...declared.table, ...declared.broker].map((handler) => ({
+    ...handler,
+    resolved: resolveHandlerOptions(handler, options),
+  }));
   checkScheduleQueues(
     options,
     declared.table.map((handler) => handler.queue),

@@ -204,9 +204,9 @@ export class SqlQueueMetrics {
   }
 
   /**
-   * Service Broker queues (the `broker` option; null without it): messages waiting and dead
-   * messages from the database, conversation endpoints by state, and this process's readers and
-   * event counts. Reuses a reading younger than `metrics.cacheMs`, never waits longer than
+   * Service Broker queues (the `broker` option; null without it): messages waiting (not moved
+   * yet) and dead jobs from the database, conversation endpoints by state, and this process's
+   * receivers and event counts. Reuses a reading younger than `metrics.cacheMs`, never waits longer than
    * `metrics.timeoutMs`, never throws: a failed database reading has `ok: false`, the process
    * figures are there either way.
    */
@@ -219,7 +219,11 @@ export class SqlQueueMetrics {
     const snapshot = broker.snapshot();
     const process = (name: string) => {
       const local = snapshot.queues.find((q) => q.queue === name);
-      return { ...this.brokerEvents.figures(name), readers: local?.readers ?? 0, busyReaders: local?.busyReaders ?? 0 };
+      return {
+        ...this.brokerEvents.figures(name),
+        receivers: local?.receivers ?? 0,
+        busyReceivers: local?.busyReceivers ?? 0,
+      };
     };
     const names = broker.options.queues.map((q) => q.name);
     try {
@@ -305,7 +309,7 @@ export interface SqlQueueBrokerReading {
   durationMs: number;
   /** Conversation endpoints of the database by state (CONVERSING, DISCONNECTED_INBOUND, CLOSED, …). */
   endpoints: Record<string, number>;
-  queues: (BrokerEventFigures & { readers: number; busyReaders: number; database: BrokerQueueStats | null })[];
+  queues: (BrokerEventFigures & { receivers: number; busyReceivers: number; database: BrokerQueueStats | null })[];
 }
 
 /** One reading of the recurring jobs: see SqlQueueMetrics.readSchedules(). */

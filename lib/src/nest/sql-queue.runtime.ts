@@ -221,10 +221,12 @@ async function connectBroker(runtime: SqlQueueRuntime, options: ResolvedModuleOp
     store: runtime.store as MssqlQueueStore,
     options: options.broker!,
     logger: runtime.logger,
-    workerId: runtime.workerId,
     listeners: runtime.listeners,
     maxPayloadBytes: options.maxPayloadBytes,
     consume: options.consumer.enabled,
+    // Moved messages are jobs this process's handlers claim at once (others poll, or wake on
+    // the doorbell's rings).
+    onMoved: (queue) => runtime.wakeBus.wake(queue),
   });
 }
 

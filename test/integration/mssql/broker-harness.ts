@@ -12,6 +12,7 @@ import { afterAll, afterEach } from 'vitest';
 import { resolveBrokerOptions } from '../../../lib/src/broker/broker.options.js';
 import { brokerTeardownBatches } from '../../../lib/src/broker/broker.setup.js';
 import type {
+  BrokerObjectName,
   BrokerSnapshot,
   ResolvedBrokerOptions,
   ResolvedBrokerQueue,
@@ -21,8 +22,10 @@ import {
   QueueHandler,
   QueueProducer,
   SQL_QUEUE_RUNTIME,
+  SqlQueueConsumerHost,
   SqlQueueModule,
   type BrokerMessageContext,
+  type ConsumerSnapshot,
   type BrokerOptions,
   type BrokerQueueOptions,
   type QueueEventListener,
@@ -31,15 +34,21 @@ import {
 } from '../../../lib/src/index.js';
 import { quoteBrokerObject } from '../../../lib/src/broker/broker.names.js';
 import {
+  brokerJobsByMessage,
   brokerNamePrefix,
   ENDPOINTS_BY_STATE,
   ENDPOINTS_OF_CONVERSATION,
   EVENT_NOTIFICATIONS_OF_QUEUE,
+  jobStatesOfQueue,
+  LOCKS_ON_QUEUE,
+  messagesInQueue,
   QUEUE_STATUS,
+  receiveAny,
 } from '../../helpers/broker-test-queries.js';
+import { VIEW_SERVER_STATE } from '../../helpers/mssql-test-queries.js';
 import { CaptureLogger } from '../../helpers/capture-logger.js';
 import { uniqueSchema } from '../../helpers/databases.js';
-import { dropMssqlSchema, mssqlRows, withMssqlPool } from '../../helpers/mssql.js';
+import { beginCallerTransaction, dropMssqlSchema, mssqlRows, withMssqlPool } from '../../helpers/mssql.js';
 import type { MssqlDatabase } from './mssql-databases.js';
 
 export type BrokerHandlerFn = (body: unknown, context: BrokerMessageContext) => Promise<void>;
@@ -57,7 +66,8 @@ export function brokerHandlerClass(queue: string, fn: BrokerHandlerFn): Type {
   return BrokerTestHandler;
 }
 
-type BrokerEventName = Extract<keyof QueueEventListener, `broker${string}`>;
+/** Broker events, and the table-queue events of the broker queues' jobs. */
+type BrokerEventName = Extract<keyof QueueEventListener, `broker${string}`> | 'completed' | 'failed';
 
 export interface RecordedBrokerEvent {
   name: BrokerEventName;
@@ -71,10 +81,10 @@ export class BrokerEvents {
   readonly all: RecordedBrokerEvent[] = [];
 
   readonly listener: QueueEventListener = {
-    brokerHandled: (event) => this.push('brokerHandled', event),
-    brokerFailed: (event) => this.push('brokerFailed', event),
-    brokerDeadLettered: (event) => this.push('brokerDeadLettered', event),
-    brokerReadersChanged: (event) => this.push('brokerReadersChanged', event),
+    completed: (event) => this.push('completed', event),
+    failed: (event) => this.push('failed', event),
+    brokerMoved: (event) => this.push('brokerMoved', event),
+    brokerReceiversChanged: (event) => this.push('brokerReceiversChanged', event),
     brokerActivated: (event) => this.push('brokerActivated', event),
     brokerNotificationLost: (event) => this.push('brokerNotificationLost', event),
   };
@@ -87,16 +97,48 @@ export class BrokerEvents {
     return this.all.filter((e) => e.name === name && (queue === undefined || e.queue === queue));
   }
 
-  /** The most readers `queue` had at once so far. */
-  peakReaders(queue: string): number {
-    return Math.max(0, ...this.of('brokerReadersChanged', queue).map((e) => Number(e.readers)));
+  /** The most receivers `queue` had at once so far. */
+  peakReceivers(queue: string): number {
+    return Math.max(0, ...this.of('brokerReceiversChanged', queue).map((e) => Number(e.receivers)));
   }
 
-  /** Readers of `queue` after its last change (0 before the first). */
-  readers(queue: string): number {
-    const changes = this.of('brokerReadersChanged', queue);
-    return Number(changes.at(-1)?.readers ?? 0);
+  /** Receivers of `queue` after its last change (0 before the first). */
+  receivers(queue: string): number {
+    const changes = this.of('brokerReceiversChanged', queue);
+    return Number(changes.at(-1)?.receivers ?? 0);
   }
+
+  /** Messages of `queue` that receivers of this application moved into its table queue so far. */
+  moved(queue: string): number {
+    return this.of('brokerMoved', queue).reduce((sum, e) => sum + Number(e.moved), 0);
+  }
+}
+
+/** sys.service_queues as QUEUE_STATUS reads it. */
+export interface QueueStatusRow {
+  ReceiveEnabled: number;
+  EnqueueEnabled: number;
+  /** is_poison_message_handling_enabled. */
+  PoisonHandling: number;
+}
+
+/** A lock request on a queue or its internal table (LOCKS_ON_QUEUE). */
+export interface QueueLockRow {
+  Session: number;
+  Mode: string;
+  Status: string;
+  On: 'queue' | 'internal table';
+}
+
+/** One received message's jobs (brokerJobsByMessage). */
+export interface BrokerJobRow {
+  ConversationHandle: string;
+  Sequence: string;
+  Type: string;
+  Text: string | null;
+  Jobs: number | string;
+  Done: number | string;
+  Attempts: number;
 }
 
 export interface BrokerBootOptions {
@@ -121,8 +163,10 @@ export interface BrokerApp {
   producer: QueueProducer;
   events: BrokerEvents;
   logger: CaptureLogger;
-  /** The broker transport's view of this process (readers, busy readers). */
+  /** The broker transport's view of this process (receivers, busy receivers). */
   snapshot(): BrokerSnapshot;
+  /** The table-queue consumer's view (handler readers, handlers running), broker queues' handlers included. */
+  consumer(): ConsumerSnapshot;
   /** SqlQueueHealthIndicator.broker(key, queue): 'up' or 'down' and the details. */
   health(queue: string): Promise<{ status: string; [key: string]: unknown }>;
   close(): Promise<void>;
@@ -142,15 +186,16 @@ export const TEST_BROKER: Omit<BrokerOptions, 'queues'> = {
 export function brokerSuite(db: MssqlDatabase, prefix: string) {
   const schema = uniqueSchema(prefix);
   const apps: BrokerApp[] = [];
-  // Every broker queue any boot declared, for the teardown.
+  // Every broker queue any boot declared, and whether one set up the doorbell, for the teardown.
   const declared: Record<string, BrokerQueueOptions> = {};
+  let doorbell = false;
 
   afterEach(async () => {
     await Promise.all(apps.splice(0).map((app) => app.close().catch(() => undefined)));
   });
   afterAll(async () => {
-    if (Object.keys(declared).length > 0) {
-      const options = resolved({ queues: declared });
+    if (Object.keys(declared).length > 0 || doorbell) {
+      const options = resolved({ queues: declared, doorbell });
       await withMssqlPool(db.url, async (pool) => {
         for (const batch of brokerTeardownBatches(options)) await pool.request().batch(batch);
       });
@@ -170,6 +215,7 @@ export function brokerSuite(db: MssqlDatabase, prefix: string) {
   async function boot(options: BrokerBootOptions = {}): Promise<BrokerApp> {
     const queues = options.queues ?? { orders: {} };
     Object.assign(declared, queues);
+    if (options.broker?.doorbell) doorbell = true;
     const events = new BrokerEvents();
     const logger = options.logger ?? new CaptureLogger();
     const handlers = Object.entries(options.handlers ?? {}).map(([name, fn]) => brokerHandlerClass(name, fn));
@@ -193,6 +239,7 @@ export function brokerSuite(db: MssqlDatabase, prefix: string) {
       events,
       logger,
       snapshot: () => app.get<SqlQueueRuntime>(SQL_QUEUE_RUNTIME).broker!.snapshot(),
+      consumer: () => app.get(SqlQueueConsumerHost).snapshot(),
       async health(name) {
         const reading = await app.get(SqlQueueHealthIndicator).broker('broker', name);
         return reading.broker as { status: string };
@@ -224,12 +271,70 @@ export function brokerSuite(db: MssqlDatabase, prefix: string) {
     return mssqlRows(db.url, ENDPOINTS_OF_CONVERSATION, (r) => r.input('handle', sql.UniqueIdentifier, handle));
   }
 
+  /** What sys.service_queues says of a Service Broker queue (null: no such queue). */
+  async function queueStatus(object: BrokerObjectName): Promise<QueueStatusRow | null> {
+    const [row] = await mssqlRows<QueueStatusRow>(db.url, QUEUE_STATUS, (r) =>
+      r.input('queue', sql.NVarChar(300), quoteBrokerObject(object)),
+    );
+    return row ?? null;
+  }
+
   /** is_receive_enabled of a broker queue's target queue (null: no such queue). */
   async function receiveEnabled(name: string): Promise<number | null> {
-    const [row] = await mssqlRows<{ ReceiveEnabled: number }>(db.url, QUEUE_STATUS, (r) =>
-      r.input('queue', sql.NVarChar(300), quoteBrokerObject(queue(name).queue)),
+    return (await queueStatus(queue(name).queue))?.ReceiveEnabled ?? null;
+  }
+
+  /** Messages in a Service Broker queue, received or not (a SELECT on a queue never receives). */
+  async function messagesIn(object: BrokerObjectName): Promise<number> {
+    const [row] = await mssqlRows<{ Messages: number }>(db.url, messagesInQueue(object));
+    return Number(row?.Messages ?? 0);
+  }
+
+  /** Whether the suite's login may read sys.dm_tran_locks and other sessions' requests. */
+  async function canViewServerState(): Promise<boolean> {
+    const [row] = await mssqlRows<{ Granted: number | null }>(db.url, VIEW_SERVER_STATE);
+    return row?.Granted === 1;
+  }
+
+  /** Lock requests of other sessions on a Service Broker queue and its internal table (needs VIEW SERVER STATE). */
+  async function locksOn(object: BrokerObjectName): Promise<QueueLockRow[]> {
+    return mssqlRows<QueueLockRow>(db.url, LOCKS_ON_QUEUE, (r) =>
+      r.input('queue', sql.NVarChar(300), quoteBrokerObject(object)),
     );
-    return row?.ReceiveEnabled ?? null;
+  }
+
+  /**
+   * `times` transactions on a session of their own, each receiving one message of `object` and
+   * rolling back, as an operator "inspecting" a message or a crashed reader would: the message
+   * returns to the queue each time. Fails unless each RECEIVE got a message.
+   */
+  async function receiveAndRollBack(object: BrokerObjectName, times: number): Promise<void> {
+    for (let i = 1; i <= times; i++) {
+      const session = await beginCallerTransaction(db.url);
+      try {
+        const got = await new sql.Request(session.transaction).query<{ Handle: string }>(receiveAny(object));
+        if (got.recordset.length !== 1) {
+          throw new Error(`rolled-back receive ${i} of ${times} on ${quoteBrokerObject(object)} got no message`);
+        }
+      } finally {
+        await session.close(); // rolls back: the message returns to the queue
+      }
+    }
+  }
+
+  /** The jobs of broker queue `name`'s table queue, one row per message they carry. */
+  async function jobsByMessage(name: string): Promise<BrokerJobRow[]> {
+    return mssqlRows<BrokerJobRow>(db.url, brokerJobsByMessage(schema), (r) =>
+      r.input('queue', sql.NVarChar(128), name),
+    );
+  }
+
+  /** Jobs of table queue `name` by state (read without waiting on leases). */
+  async function jobStates(name: string): Promise<Record<string, number>> {
+    const rows = await mssqlRows<{ State: string; Jobs: number | string }>(db.url, jobStatesOfQueue(schema), (r) =>
+      r.input('queue', sql.NVarChar(128), name),
+    );
+    return Object.fromEntries(rows.map((row) => [row.State, Number(row.Jobs)]));
   }
 
   async function eventNotifications(name: string): Promise<string[]> {
@@ -239,7 +344,23 @@ export function brokerSuite(db: MssqlDatabase, prefix: string) {
     return rows.map((row) => row.Name);
   }
 
-  return { schema, boot, queue, resolved, endpointsByState, endpointsOf, receiveEnabled, eventNotifications };
+  return {
+    schema,
+    boot,
+    queue,
+    resolved,
+    endpointsByState,
+    endpointsOf,
+    queueStatus,
+    receiveEnabled,
+    messagesIn,
+    canViewServerState,
+    locksOn,
+    receiveAndRollBack,
+    jobsByMessage,
+    jobStates,
+    eventNotifications,
+  };
 }
 
 /** Endpoints left in a state that only ends when an application acts (no CLOSED, no live dialog). */

@@ -1,10 +1,11 @@
 /**
- * Service Broker transport (issue 12; research B (ii) 1 and 2), on both databases:
- * - 4 readers, 50 dialogs × 100 messages: within a conversation, handler calls follow
- *   message_sequence_number and never overlap (the conversation-group lock), while different
- *   dialogs run at the same time;
- * - a conversation group another session holds in an open transaction is skipped, and handled
- *   once that session commits.
+ * Service Broker transport (issue 12; research B (ii) 1 and 2; issue 21), on both databases:
+ * - 2 to 4 receivers moving messages, 4 handler readers, 50 dialogs × 100 messages: within a
+ *   conversation, handler calls follow message_sequence_number and never overlap (a receive
+ *   takes one conversation group's messages in order, and they run as one ordered group of the
+ *   table queue), while different dialogs run at the same time; every message becomes one job;
+ * - a conversation group another session holds in an open transaction is skipped by the
+ *   receivers (its WAITFOR and its RECEIVE), and moved and handled once that session commits.
  */
 import sql from 'mssql';
 import { expect, it } from 'vitest';
@@ -22,12 +23,14 @@ interface Keyed {
 describeEachMssqlDatabase('Service Broker: conversation-group locks keep each dialog in order', (db) => {
   const suite = brokerSuite(db, 'brkord');
 
-  it('4 readers, 50 dialogs × 100 messages: per conversation in sequence order, never overlapping; dialogs in parallel', async () => {
+  it('2-4 receivers and 4 handler readers, 50 dialogs × 100 messages: per conversation in sequence order, never overlapping; dialogs in parallel; one job per message', async () => {
     const DIALOGS = 50;
     const PER_DIALOG = 100;
     const log = new CallLog<Keyed>();
-    const { producer } = await suite.boot({
-      queues: { orders: { minReaders: 4, maxReaders: 4, messagesPerTransaction: 10 } },
+    const { producer, events } = await suite.boot({
+      queues: {
+        orders: { minReceivers: 2, maxReceivers: 4, minReaders: 4, maxReaders: 4, messagesPerTransaction: 10 },
+      },
       handlers: { orders: log.handler() },
     });
     const keys = Array.from({ length: DIALOGS }, (_, i) => `dialog-${i}`);
@@ -61,9 +64,15 @@ describeEachMssqlDatabase('Service Broker: conversation-group locks keep each di
     // The dialogs did not queue up behind one another.
     expect(log.peak).toBeGreaterThan(1);
     expect(log.peak).toBeLessThanOrEqual(4);
+    expect(events.peakReceivers('orders')).toBeGreaterThanOrEqual(2);
+    // Each message moved once into one job, done once.
+    expect(events.moved('orders')).toBe(DIALOGS * PER_DIALOG);
+    const jobs = await suite.jobsByMessage('orders');
+    expect(jobs).toHaveLength(DIALOGS * PER_DIALOG);
+    expect(jobs.filter((j) => Number(j.Jobs) !== 1 || Number(j.Done) !== 1)).toEqual([]);
   });
 
-  it('a conversation group another session holds is skipped, and handled once that session commits', async () => {
+  it('a conversation group another session holds is skipped by the receivers, and moved and handled once that session commits', async () => {
     const name = 'held';
     // A producer-only application creates the objects and sends; nothing here reads the target queue.
     const sender = await suite.boot({ queues: { [name]: {} }, module: { consumer: { enabled: false } } });
@@ -88,15 +97,19 @@ describeEachMssqlDatabase('Service Broker: conversation-group locks keep each di
         await sender.producer.send(name, { key: `free-${k}`, n: 0 }, { groupKey: `free-${k}` });
       }
       const log = new CallLog<Keyed>();
-      await suite.boot({ queues: { [name]: { minReaders: 2, maxReaders: 2 } }, handlers: { [name]: log.handler() } });
+      const consumer = await suite.boot({
+        queues: { [name]: { minReceivers: 2, maxReceivers: 2, minReaders: 2, maxReaders: 2 } },
+        handlers: { [name]: log.handler() },
+      });
       await waitFor(
         () => log.calls.length,
         (n) => n >= 10,
         { what: 'the ten free dialogs' },
       );
       expect(log.bodies().map((b) => b.key)).not.toContain('held');
-      // The readers keep waiting beside the lock; still nothing from the held group.
+      // The receivers keep waiting beside the lock: nothing of the held group was moved.
       expect(await suite.receiveEnabled(name)).toBe(1);
+      expect(consumer.events.moved(name)).toBe(10);
       expect(log.bodies().map((b) => b.key)).not.toContain('held');
 
       await holder.commit();
@@ -104,6 +117,7 @@ describeEachMssqlDatabase('Service Broker: conversation-group locks keep each di
         what: 'the held message once its group is released',
       });
       expect(log.calls).toHaveLength(11);
+      expect(consumer.events.moved(name)).toBe(11);
     } finally {
       await holder.close();
     }

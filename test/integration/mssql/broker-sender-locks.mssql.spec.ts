@@ -12,7 +12,7 @@ import sql from 'mssql';
 import { expect, it } from 'vitest';
 import { within } from '../../helpers/drills.js';
 import { beginCallerTransaction, mssqlRows, withErrorNumber, type CallerTransaction } from '../../helpers/mssql.js';
-import { LOCKS_OF_SESSION, VIEW_SERVER_STATE } from '../../helpers/mssql-test-queries.js';
+import { LOCKS_OF_SESSION, VIEW_SERVER_STATE, type SessionLockRow } from '../../helpers/mssql-test-queries.js';
 import { waitFor } from '../../helpers/wait-for.js';
 import { brokerSuite, CallLog } from './broker-harness.js';
 import { describeEachMssqlDatabase } from './mssql-databases.js';
@@ -24,15 +24,6 @@ const SETTLES_MS = 20_000;
 
 interface Keyed {
   key: string;
-}
-
-interface LockRow {
-  ResourceType: string;
-  Mode: string;
-  Status: string;
-  Resource: string | null;
-  Object: string | null;
-  Index: string | null;
 }
 
 describeEachMssqlDatabase('Service Broker: a send in an open caller transaction locks its own key only', (db) => {
@@ -57,9 +48,9 @@ describeEachMssqlDatabase('Service Broker: a send in an open caller transaction 
   }
 
   /** What the caller's session holds or waits for in this database, read from another connection by spid. */
-  async function locksOf(caller: CallerTransaction): Promise<LockRow[]> {
+  async function locksOf(caller: CallerTransaction): Promise<SessionLockRow[]> {
     const spid = await caller.spid();
-    return mssqlRows<LockRow>(db.url, LOCKS_OF_SESSION, (r) => r.input('spid', sql.Int, spid));
+    return mssqlRows<SessionLockRow>(db.url, LOCKS_OF_SESSION, (r) => r.input('spid', sql.Int, spid));
   }
 
   it("the first send of k-1002 does not wait for an open caller transaction that sent k-1001's first message, which holds no key-range lock on BrokerDialogs", async () => {

@@ -16,7 +16,7 @@ import type { EnqueueResult, NewJob } from '../../../lib/src/core/types.js';
 import { prepareJob } from '../../../lib/src/core/validation.js';
 import { within } from '../../helpers/drills.js';
 import { beginCallerTransaction, mssqlRows, withErrorNumber } from '../../helpers/mssql.js';
-import { LOCKS_OF_SESSION, VIEW_SERVER_STATE } from '../../helpers/mssql-test-queries.js';
+import { LOCKS_OF_SESSION, VIEW_SERVER_STATE, type SessionLockRow } from '../../helpers/mssql-test-queries.js';
 import { describeEachMssqlDatabase, useMssqlSchema } from './mssql-databases.js';
 
 /** Far below the 15 s request timeout a producer waiting on another's transaction would hit. */
@@ -24,15 +24,6 @@ const PROMPTLY_MS = 5_000;
 
 function keyed(queue: string, key: string): NewJob {
   return prepareJob(queue, { key }, { idempotencyKey: key }, { maxPayloadBytes: 1024, defaultMaxAttempts: 3 });
-}
-
-interface LockRow {
-  ResourceType: string;
-  Mode: string;
-  Status: string;
-  Resource: string | null;
-  Object: string | null;
-  Index: string | null;
 }
 
 describeEachMssqlDatabase('keyed enqueue under concurrency', (db) => {
@@ -125,7 +116,7 @@ describeEachMssqlDatabase('keyed enqueue under concurrency', (db) => {
       await store.enqueue([keyed(queue, 'order-2001')], caller.transaction);
       await store.enqueue([keyed(queue, 'order-2002'), keyed(queue, 'order-2003')], caller.transaction);
       const spid = await caller.spid();
-      const locks = await mssqlRows<LockRow>(db.url, LOCKS_OF_SESSION, (r) => r.input('spid', sql.Int, spid));
+      const locks = await mssqlRows<SessionLockRow>(db.url, LOCKS_OF_SESSION, (r) => r.input('spid', sql.Int, spid));
       const listing = locks.map(
         (l) => `${l.Mode} ${l.ResourceType} ${l.Object ?? ''}.${l.Index ?? ''} ${l.Resource ?? ''}`,
       );

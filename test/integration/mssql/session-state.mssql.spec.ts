@@ -1,9 +1,11 @@
 /**
- * Session state the store does not own (review 2026-12-01, C3, C4, C5; test plan item 9).
- * mssql never resets a pooled connection, so an application sharing its pool (`{ pool }`)
- * can leave IMPLICIT_TRANSACTIONS, ROWCOUNT or an isolation level behind; a caller can pass
- * a SNAPSHOT transaction; a config can ask tedious for local-time dates. The fixed store
- * answers correctly under all of them, or refuses the config before any SQL.
+ * Session state the store does not own (review 2026-12-01, C3, C4, C5; test plan item 9; review
+ * 2, R2-6). mssql never resets a pooled connection, so an application sharing its pool
+ * (`{ pool }`) can leave IMPLICIT_TRANSACTIONS, ROWCOUNT or an isolation level behind; a caller
+ * can pass a SNAPSHOT transaction; a config can ask tedious for local-time dates. The fixed store
+ * answers correctly under all of them, or refuses the config before any SQL; so do the Service
+ * Broker statements that run on the shared pool (the boot's observation, the listener's poll,
+ * the health and lock readings, a send's own transaction, the handler side's jobs).
  */
 import sql from 'mssql';
 import { describe, expect, it } from 'vitest';
@@ -32,6 +34,7 @@ import {
   VIEW_SERVER_STATE,
 } from '../../helpers/mssql-test-queries.js';
 import { waitFor } from '../../helpers/wait-for.js';
+import { brokerSuite, CallLog } from './broker-harness.js';
 import { describeEachMssqlDatabase, MSSQL_DATABASES, useMssqlSchema } from './mssql-databases.js';
 
 const LIMITS = { maxPayloadBytes: 1024, defaultMaxAttempts: 5 };
@@ -57,6 +60,8 @@ interface SessionView {
 
 describeEachMssqlDatabase('session state the store does not own', (db) => {
   const { schema, store: clean, newQueue, unlocked } = useMssqlSchema(db, 'session');
+  /** A schema of its own for the broker queue of the R2-6 test, and its broker objects. */
+  const broker = brokerSuite(db, 'sessbrk');
 
   /**
    * Session `spid` as sys.dm_exec_sessions shows it, read on a connection of its own: a DMV read
@@ -176,6 +181,114 @@ describeEachMssqlDatabase('session state the store does not own', (db) => {
         (await pool.request().batch(ROWCOUNT_PROBE)).recordset,
         'ROWCOUNT as the application left it',
       ).toHaveLength(1);
+    } finally {
+      await pool
+        .request()
+        .batch(ROLLBACK_LEFTOVER)
+        .catch(() => undefined);
+      await pool.close();
+    }
+  });
+
+  it('R2-6: a broker queue consumed on a shared one-connection pool left with IMPLICIT_TRANSACTIONS ON: each message handled once, no transaction left open, health reads fine', async () => {
+    const name = 'shared';
+    const queues = { [name]: {} };
+    // The owner migrates the schema and creates the broker objects, on connections of its own:
+    // this test is about the broker's statements on the shared pool, not the boot's DDL.
+    const owner = await broker.boot({ queues, module: { consumer: { enabled: false } }, keep: true });
+    await owner.close();
+
+    const pool = await openMssqlPool(db.url, 1);
+    try {
+      await pool.request().batch(LEAVE_IMPLICIT_TRANSACTIONS);
+      const state = async () => (await pool.request().batch<SessionState>(SESSION_STATE)).recordset[0]!;
+      const before = await state();
+      expect(before).toMatchObject({ TranCount: 0, ImplicitTransactions: 2 });
+      const expectNoTransactionAfter = async (operation: string) => {
+        const now = await state();
+        expect(now.Spid, 'the one pooled connection').toBe(before.Spid);
+        expect(
+          now.TranCount,
+          `@@TRANCOUNT on the shared connection after ${operation} (a statement without the autocommit guard opened an implicit transaction; or a transaction begun there nested twice: "When IMPLICIT_TRANSACTIONS = ON an explicit BEGIN TRANSACTION will start two nested transactions", SET IMPLICIT_TRANSACTIONS)`,
+        ).toBe(0);
+      };
+
+      const log = new CallLog<{ n: number }>();
+      const app = await broker.boot({
+        queues,
+        // migrations 'off': the store's schema-version read is not what this test is about.
+        module: { connection: { pool, dialect: 'mssql' }, migrations: 'off' },
+        handlers: { [name]: log.handler() },
+        keep: true,
+      });
+      try {
+        await expectNoTransactionAfter('the boot (the broker setup observation, the queue settings)');
+        const up = await waitFor(
+          () => app.health(name),
+          (health) => health.status === 'up',
+          { what: 'a healthy broker queue on the shared pool' },
+        );
+        expect(up).toMatchObject({ receiveEnabled: true, consumed: true, listenerAlive: true });
+        await expectNoTransactionAfter('the health and lock readings');
+
+        const sent = await withErrorNumber(
+          app.producer.send(name, { n: 1 }, { groupKey: 'shared' }),
+          'send on the shared connection',
+        );
+        expect(sent.conversationHandle).not.toBeNull();
+        await expectNoTransactionAfter('producer.send (its own transaction on the shared connection)');
+        await waitFor(
+          () => log.calls.length,
+          (n) => n === 1,
+          { what: 'the message, handled from the shared pool' },
+        );
+        const first = log.calls[0]!.context;
+        const done = await waitFor(
+          () => app.producer.getJob(first.jobId),
+          (job) => job?.state === 'done',
+          { what: "the message's job done" },
+        );
+        expect(done!.attempts, 'handled once: its completion was not lost').toBe(1);
+
+        // A second message of the conversation: the first is not run again before it.
+        await app.producer.send(name, { n: 2 }, { groupKey: 'shared' });
+        await waitFor(
+          () => log.calls.length,
+          (n) => n >= 2,
+          { what: 'the second message' },
+        );
+        expect(log.handledNs()).toEqual([1, 2]);
+        expect(log.calls[1]!.context.conversationHandle).toBe(first.conversationHandle);
+        // The activation listener polled the queue (every second) on this connection meanwhile.
+        await expectNoTransactionAfter("handling both messages and the listener's polls");
+
+        const again = await app.health(name);
+        expect(again.status, JSON.stringify(again)).toBe('up');
+        await expectNoTransactionAfter('a second health reading');
+      } finally {
+        await app.close();
+      }
+
+      expect(await state(), 'IMPLICIT_TRANSACTIONS as the application left it').toMatchObject({
+        Spid: before.Spid,
+        TranCount: 0,
+        ImplicitTransactions: 2,
+      });
+      const [permission] = await mssqlRows<{ Granted: number | null }>(db.url, VIEW_SERVER_STATE);
+      if (permission?.Granted === 1) {
+        expect(await sessionView(before.Spid), 'the shared session, seen from another connection').toEqual({
+          DeadlockPriority: 0,
+          OpenTransactions: 0,
+        });
+        const locks = await mssqlRows<{ ResourceType: string; Mode: string; Object: string | null }>(
+          db.url,
+          LOCKS_OF_SESSION,
+          (r) => r.input('spid', sql.Int, before.Spid),
+        );
+        expect(locks.map((l) => `${l.Mode} ${l.ResourceType} ${l.Object ?? ''}`)).toEqual([]);
+      } else {
+        console.warn('session-state R2-6: session and lock checks skipped, the login lacks VIEW SERVER STATE');
+      }
     } finally {
       await pool
         .request()

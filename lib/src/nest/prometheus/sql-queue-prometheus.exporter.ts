@@ -154,23 +154,20 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
     );
     gauge(
       'broker_messages_waiting',
-      'Messages in the Service Broker queue (all readers, every process).',
+      "Messages in the Service Broker queue not moved to its table queue yet (every process). The handlers' backlog is the table queue's (sqlqueue_jobs).",
       ['queue'],
       (g, r) => {
         for (const q of r.queues) if (q.database) g.set({ queue: q.queue }, q.database.messagesWaiting);
       },
     );
-    gauge('broker_dead_messages', 'Messages of the broker queue kept in the dead table.', ['queue'], (g, r) => {
-      for (const q of r.queues) if (q.database) g.set({ queue: q.queue }, q.database.dead);
-    });
     gauge(
-      'broker_readers',
-      "This process's readers of the broker queue; state busy (running a handler) or idle (waiting in RECEIVE).",
+      'broker_receivers',
+      "This process's receivers of the broker queue; state busy (moving messages) or idle (waiting in RECEIVE).",
       ['queue', 'state'],
       (g, r) => {
         for (const q of r.queues) {
-          g.set({ queue: q.queue, state: 'busy' }, q.busyReaders);
-          g.set({ queue: q.queue, state: 'idle' }, Math.max(0, q.readers - q.busyReaders));
+          g.set({ queue: q.queue, state: 'busy' }, q.busyReceivers);
+          g.set({ queue: q.queue, state: 'idle' }, Math.max(0, q.receivers - q.busyReceivers));
         }
       },
     );
@@ -183,33 +180,24 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
       },
     );
     counter(
-      'broker_messages_handled_total',
-      'Broker messages whose handler this process ran to completion.',
+      'broker_messages_moved_total',
+      "Messages this process's receivers moved from the Service Broker queue into its table queue, whose job metrics follow them from there.",
       ['queue'],
       (c, r) => {
-        for (const q of r.queues) c.inc({ queue: q.queue }, q.handled);
+        for (const q of r.queues) c.inc({ queue: q.queue }, q.moved);
       },
     );
     counter(
-      'broker_messages_failed_total',
-      'Handler failures of broker messages in this process (the message returned to its queue or went dead).',
+      'broker_conversations_ended_total',
+      "Conversations this process's receivers ended because the other side ended them (EndDialog or Error).",
       ['queue'],
       (c, r) => {
-        for (const q of r.queues) c.inc({ queue: q.queue }, q.failed);
-      },
-    );
-    counter(
-      'broker_poison_moves_total',
-      'Broker messages this process moved to the dead table, by reason: max-attempts, crashes (repeated full rollbacks), conversation-ended (still queued when their conversation was ended with an error).',
-      ['queue', 'reason'],
-      (c, r) => {
-        for (const q of r.queues)
-          for (const [reason, count] of Object.entries(q.deadLettered)) c.inc({ queue: q.queue, reason }, count);
+        for (const q of r.queues) c.inc({ queue: q.queue }, q.ended);
       },
     );
     counter(
       'broker_activations_total',
-      'Readers this process started for the broker queue, by source: a QUEUE_ACTIVATION notification, or the slow poll (a lost notification).',
+      'Receivers this process started for the broker queue, by source: a QUEUE_ACTIVATION notification, or the slow poll (a lost notification).',
       ['queue', 'source'],
       (c, r) => {
         for (const q of r.queues) {

@@ -1,4 +1,5 @@
 import { quoteMssqlIdentifier } from './mssql.identifiers.js';
+import { MSSQL_TABLE_TYPES } from './mssql.queries.js';
 
 export interface MssqlMigration {
   version: number;
@@ -494,14 +495,51 @@ WHERE h.[Nth] = 1;`,
     // back (each holding a page U lock the other needs IX on). With page locks switched off on
     // every index of these tables, row locks are the only ones below the table, whatever the plan
     // (https://learn.microsoft.com/sql/t-sql/statements/alter-index-transact-sql, ALLOW_PAGE_LOCKS).
-    // Costs: more lock memory for large scans (our statements take at most a few thousand rows, below
-    // the 5,000 locks at which SQL Server escalates to a table lock), and index maintenance must
-    // REBUILD these indexes, as REORGANIZE refuses an index without page locks. Every index a later
-    // migration creates on these tables says ALLOW_PAGE_LOCKS = OFF itself (a unit test checks it);
-    // SET changes metadata only.
+    // Costs: a lock per row where a page lock would have covered many (our statements take at most
+    // a few thousand rows; Jobs never escalates, version 1; Groups and Schedules escalate to a table
+    // lock past 5,000, as before), and index maintenance must REBUILD these indexes, as REORGANIZE
+    // refuses an index without page locks. Every index a later migration creates on these tables
+    // says ALLOW_PAGE_LOCKS = OFF itself (a unit test checks it). SET changes metadata only.
     batches: (schema) => {
       const s = quoteMssqlIdentifier(schema);
       return MSSQL_ROW_LOCKED_TABLES.map((table) => `ALTER INDEX ALL ON ${s}.[${table}] SET (ALLOW_PAGE_LOCKS = OFF);`);
+    },
+  },
+  {
+    version: 11,
+    description: 'broker messages handled as table-queue jobs',
+    // Review 2, R2-4/R2-5: Service Broker receivers now move each message, in the transaction that
+    // RECEIVEs it, into the broker queue's table queue, and handlers run it as a job (leases,
+    // retries, the dead state). The attempt journal of the old readers, which ran handlers inside
+    // their RECEIVE transaction, has nothing left to journal; their dead messages become dead jobs
+    // of their queue, in the payload a receiver writes (broker.job.ts: the body in base64), in the
+    // ordered group of their conversation group, and the dead table goes.
+    batches: (schema) => {
+      const s = quoteMssqlIdentifier(schema);
+      return [
+        `DROP TABLE ${s}.[BrokerAttempts];`,
+        `IF EXISTS (SELECT 1 FROM ${s}.[BrokerDead])
+BEGIN
+  DECLARE @count bigint = (SELECT COUNT_BIG(*) FROM ${s}.[BrokerDead]);
+  DECLARE @range sql_variant;
+  EXEC sys.sp_sequence_get_range @sequence_name = N'${s}.[JobIdSequence]', @range_size = @count, @range_first_value = @range OUTPUT;
+  DECLARE @firstId bigint = CAST(@range AS bigint);
+  INSERT INTO ${s}.[Jobs] WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [Attempts],
+                                      [MaxAttempts], [CreatedAt], [FinishedAt], [LastError])
+  SELECT @firstId + ROW_NUMBER() OVER (ORDER BY d.[Id]) - 1, d.[Queue], 'dead',
+         (SELECT d.[MessageTypeName] AS [type],
+                 CONVERT(nvarchar(36), d.[ConversationHandle]) AS [conversationHandle],
+                 CONVERT(nvarchar(36), d.[ConversationGroupId]) AS [conversationGroupId],
+                 CONVERT(varchar(20), d.[MessageSequenceNumber]) AS [sequence],
+                 d.[MessageBody] AS [body]
+          FOR JSON PATH, WITHOUT_ARRAY_WRAPPER),
+         0, d.[DeadAt], CONVERT(nvarchar(36), d.[ConversationGroupId]), d.[Attempts],
+         CASE WHEN d.[Attempts] < 1 THEN 1 ELSE d.[Attempts] END, d.[DeadAt], d.[DeadAt],
+         COALESCE(d.[LastError], CONCAT(N'dead: ', d.[Reason]))
+  FROM ${s}.[BrokerDead] AS d;
+END;`,
+        `DROP TABLE ${s}.[BrokerDead];`,
+      ];
     },
   },
 ];
@@ -509,6 +547,25 @@ WHERE h.[Nth] = 1;`,
 export const MSSQL_LATEST_VERSION = MSSQL_MIGRATIONS[MSSQL_MIGRATIONS.length - 1]!.version;
 
 /** Objects needed before the version can be read; safe to repeat. */
+/**
+ * What a login needs to run the store once the schema is installed (claims, completions, the
+ * reaper, retention, enqueues, schedules; not migrations), as GRANT statements for `principal`
+ * (a database principal, already validated and bracket-quoted): the tables' data, the job id
+ * sequence (sp_sequence_get_range needs UPDATE on it), and the table types every batch of jobs
+ * travels in ("to declare a table variable that uses a user-defined table type, EXECUTE
+ * permission is required on that user-defined table type", User-Defined Table Types).
+ */
+export function mssqlRuntimeGrants(schema: string, principal: string): string[] {
+  const s = quoteMssqlIdentifier(schema);
+  return [
+    `GRANT SELECT, INSERT, UPDATE, DELETE ON SCHEMA::${s} TO ${principal};`,
+    `GRANT UPDATE ON OBJECT::${s}.[JobIdSequence] TO ${principal};`,
+    ...Object.values(MSSQL_TABLE_TYPES).map(
+      (type) => `GRANT EXECUTE ON TYPE::${s}.${quoteMssqlIdentifier(type)} TO ${principal};`,
+    ),
+  ];
+}
+
 export function mssqlBootstrap(schema: string): string[] {
   const s = quoteMssqlIdentifier(schema);
   return [

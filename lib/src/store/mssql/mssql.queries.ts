@@ -156,6 +156,17 @@ SET DEADLOCK_PRIORITY LOW;
 `;
 
 /**
+ * MSSQL_STORE_SESSION without the isolation level and deadlock priority: the guard and session
+ * options for autocommit batches of another part on the store's pool (the Service Broker
+ * transport's health, setup and figures, review 2 R2-6), which set those two themselves where
+ * they matter. A shared pool may hand such a batch a connection an application left with
+ * IMPLICIT_TRANSACTIONS ON: its first write or table read would open a transaction nobody
+ * commits, holding its locks and breaking the store's next statement on that connection.
+ */
+export const MSSQL_AUTOCOMMIT_SESSION = `IF @@TRANCOUNT <> 0
+${OPEN_TRANSACTION_THROW}${SESSION_SETTINGS}`;
+
+/**
  * The hints of every READPAST claim (claim, reaper), exactly the seed's. UPDLOCK makes the read
  * a locking one and keeps the rows to the end of the statement; READPAST skips rows another
  * claimer holds; READCOMMITTEDLOCK is there because "the READPAST table hint can't be specified
@@ -176,6 +187,24 @@ const CLAIM_HINTS = 'UPDLOCK, READPAST, READCOMMITTEDLOCK';
 /** THROW number of the guard of a statement that must run in the store's own transaction. */
 export const MSSQL_NO_STORE_TRANSACTION = 51004;
 
+/** THROW number of MSSQL_OWN_TRANSACTION_GUARD. */
+export const MSSQL_NESTED_OWN_TRANSACTION = 51005;
+
+/**
+ * Opens the first statement of every transaction this library begins itself (migrate, the
+ * schedule fire, the Service Broker transport's sends, rings and setup): inside it @@TRANCOUNT
+ * must be exactly 1. Above 1, the connection the pool handed out already had a transaction: one
+ * an application left open on a shared pool, or one IMPLICIT_TRANSACTIONS ON opened (the doc
+ * lists BEGIN TRANSACTION among the statements that first run "an unseen BEGIN TRANSACTION";
+ * whether tedious's begin request counts as one is server fact i of the live suite). Our commit
+ * would then only decrement the count: nothing committed, every lock held, and the connection
+ * back in the pool with the transaction open. So the statement refuses before doing anything,
+ * and the caller rolls back. It reads no table and costs no round trip.
+ */
+export const MSSQL_OWN_TRANSACTION_GUARD = `IF @@TRANCOUNT > 1
+  THROW ${MSSQL_NESTED_OWN_TRANSACTION}, N'nestjs-sql-queue: a transaction it began is nested in another one its pooled connection already had (a transaction left open, or IMPLICIT_TRANSACTIONS ON, on a shared pool); refusing, as its commit would commit nothing', 1;
+`;
+
 /**
  * Opens the statements that run inside a transaction the store itself opened
  * (fireDueSchedules: `new sql.Transaction(pool)`, begun READ COMMITTED, committed or rolled back
@@ -191,7 +220,7 @@ export const MSSQL_NO_STORE_TRANSACTION = 51004;
  */
 export const MSSQL_STORE_TRANSACTION_SESSION = `IF @@TRANCOUNT = 0
   THROW ${MSSQL_NO_STORE_TRANSACTION}, N'nestjs-sql-queue: this statement runs in the store''s own transaction, but its connection has none', 1;
-${SESSION_SETTINGS}SET DEADLOCK_PRIORITY LOW;
+${MSSQL_OWN_TRANSACTION_GUARD}${SESSION_SETTINGS}SET DEADLOCK_PRIORITY LOW;
 `;
 
 /** Wraps statements that must commit together (a state change and its attempt row). */
@@ -781,15 +810,16 @@ function recentCompletions(jobs: string): string {
   ORDER BY m.[FinishedAt] DESC, m.[Id] DESC)`;
 }
 
-export function mssqlQueries(schema: string): MssqlQueries {
+/**
+ * The enqueue statements (enqueueOne, enqueueMany, each with or without ordered groups), and
+ * enqueueMany's work on its table of jobs alone (enqueueManyBody: no session prefix, no answer).
+ */
+function enqueueStatements(schema: string) {
   const s = quoteMssqlIdentifier(schema);
-  const schedules = `${s}.[Schedules]`;
   const jobs = `${s}.[Jobs]`;
-  const attempts = `${s}.[Attempts]`;
   const sequence = `${s}.[JobIdSequence]`;
   const settings = `${s}.[QueueSettings]`;
   const groups = `${s}.[Groups]`;
-  const throughput = `${s}.[Throughput]`;
 
   // A job whose RunAt is later than the enqueue's now waits as 'delayed', outside the ready
   // index the claim reads; the claim promotes it once due (see claim). Both read ENQUEUE_NOW,
@@ -847,9 +877,11 @@ ${takeKeyLock('    ')}
             @traceContext);
 ${grouped ? joinGroupOne : ''}  END;`)}
 SELECT CAST(@id AS varchar(20)) AS [Id], @created AS [Created];`;
-  const enqueueMany = (
+  // enqueueMany's work on @jobs (ENQUEUE_NOW first), without its session prefix and its answer:
+  // also the Service Broker receiver's, inside the transaction that received the messages.
+  const enqueueManyBody = (
     grouped: boolean,
-  ) => `${ENQUEUE_SESSION}${ENQUEUE_NOW}${grouped ? INSERTED_GROUPED : 'DECLARE @inserted TABLE ([Id] bigint NOT NULL PRIMARY KEY);\n'}DECLARE @keys TABLE (
+  ) => `${grouped ? INSERTED_GROUPED : 'DECLARE @inserted TABLE ([Id] bigint NOT NULL PRIMARY KEY);\n'}DECLARE @keys TABLE (
   [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
   [IdempotencyKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL,
   [Ord] int NOT NULL, [ExistingId] bigint NULL,
@@ -889,7 +921,8 @@ ${takeKeyLock('    ')}
   FROM @jobs AS i
   LEFT JOIN @keys AS k ON k.[Queue] = i.[Queue] AND k.[IdempotencyKey] = i.[IdempotencyKey]
   LEFT JOIN ${settings} AS q ON q.[Queue] = i.[Queue]
-  WHERE i.[IdempotencyKey] IS NULL OR (k.[Ord] = i.[Ord] AND k.[ExistingId] IS NULL);${grouped ? joinGroupsMany : ''}`)}
+  WHERE i.[IdempotencyKey] IS NULL OR (k.[Ord] = i.[Ord] AND k.[ExistingId] IS NULL);${grouped ? joinGroupsMany : ''}`)}`;
+  const enqueueMany = (grouped: boolean) => `${ENQUEUE_SESSION}${ENQUEUE_NOW}${enqueueManyBody(grouped)}
 SELECT i.[Ord],
        CAST(CASE WHEN n.[Id] IS NOT NULL THEN n.[Id] WHEN k.[ExistingId] IS NOT NULL THEN k.[ExistingId]
                  ELSE @firstId + k.[Ord] END AS varchar(20)) AS [Id],
@@ -898,6 +931,33 @@ FROM @jobs AS i
 LEFT JOIN @inserted AS n ON n.[Id] = @firstId + i.[Ord]
 LEFT JOIN @keys AS k ON k.[Queue] = i.[Queue] AND k.[IdempotencyKey] = i.[IdempotencyKey]
 ORDER BY i.[Ord];`;
+  return { enqueueOne, enqueueMany, enqueueManyBody };
+}
+
+/**
+ * The work of enqueueManyGrouped on the jobs of table variable @jobs (JobInputListV3, Ord 0..n-1,
+ * at least one row), inside the transaction already open on the session, for a batch that
+ * declares `@jobs` and `DECLARE @inTransaction bit = 1;` itself and sets its session options:
+ * the Service Broker receiver moves received messages into the table queue with it, in the
+ * transaction of the RECEIVE. It answers nothing and commits nothing; an error is thrown on,
+ * with the transaction left to the caller (a refused lock: XACT_STATE() 1 with XACT_ABORT off).
+ * Its variables (@now, @inserted, @keys, @locks, @count, @range, @firstId, @resource, @lock,
+ * @refused, @seq, @lockCount, @heads, @groupLocks, @groupSeq, @groupLockCount) are its own.
+ */
+export function mssqlEnqueueInTransaction(schema: string): string {
+  return `${ENQUEUE_NOW}${enqueueStatements(schema).enqueueManyBody(true)}`;
+}
+
+export function mssqlQueries(schema: string): MssqlQueries {
+  const s = quoteMssqlIdentifier(schema);
+  const schedules = `${s}.[Schedules]`;
+  const jobs = `${s}.[Jobs]`;
+  const attempts = `${s}.[Attempts]`;
+  const settings = `${s}.[QueueSettings]`;
+  const groups = `${s}.[Groups]`;
+  const throughput = `${s}.[Throughput]`;
+
+  const { enqueueOne, enqueueMany } = enqueueStatements(schema);
 
   // retryDead's group side, after the jobs are ready again (@retried), in its transaction. A
   // blocked group whose blocking job is retried is released, headed by the group's lowest

@@ -65,9 +65,12 @@ import {
   mssqlRecordVersion,
 } from './mssql.migrations.js';
 import {
+  MSSQL_AUTOCOMMIT_SESSION,
   MSSQL_CALLER_TRANSACTION_GONE,
+  MSSQL_NESTED_OWN_TRANSACTION,
   MSSQL_NO_STORE_TRANSACTION,
   MSSQL_OPEN_TRANSACTION,
+  MSSQL_OWN_TRANSACTION_GUARD,
   MSSQL_TABLE_TYPES,
   mssqlQueries,
   type MssqlQueries,
@@ -150,7 +153,9 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
     if (mode === 'off') return { current: -1, latest: MSSQL_LATEST_VERSION };
     const pool = await this.connected();
     // 'check', or already current: nothing to install, so no lock, no transaction and no DDL.
-    const installed = await this.readVersion(pool.request());
+    // In autocommit the read carries the session guard: on a pooled connection an application
+    // left with IMPLICIT_TRANSACTIONS ON, the SELECT would open a transaction nobody commits.
+    const installed = await this.readVersion(pool.request(), MSSQL_AUTOCOMMIT_SESSION);
     if (mode === 'check' || installed >= MSSQL_LATEST_VERSION) {
       assertSchemaVersion('mssql', this.schema, installed, MSSQL_LATEST_VERSION, mode);
       return { current: installed, latest: MSSQL_LATEST_VERSION };
@@ -163,9 +168,9 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
       await request()
         .input('resource', sql.NVarChar(255), mssqlMigrationLockResource(this.schema))
         .input('timeoutMs', sql.Int, MIGRATION_LOCK_TIMEOUT_MS)
-        .batch(mssqlMigrationLock());
+        .batch(`${MSSQL_OWN_TRANSACTION_GUARD}${mssqlMigrationLock()}`);
       for (const batch of mssqlBootstrap(this.schema)) await request().batch(batch);
-      const current = await this.readVersion(request());
+      const current = await this.readVersion(request(), '');
       assertSchemaVersion('mssql', this.schema, current, MSSQL_LATEST_VERSION, 'auto');
       for (const migration of MSSQL_MIGRATIONS.filter((m) => m.version > current)) {
         for (const batch of migration.batches(this.schema)) await request().batch(batch);
@@ -178,12 +183,14 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
       return { current: MSSQL_LATEST_VERSION, latest: MSSQL_LATEST_VERSION };
     } catch (error) {
       await transaction.rollback().catch(() => undefined);
+      if (errorNumber(error) === MSSQL_NESTED_OWN_TRANSACTION) throw nestedOwnTransaction('migrate', error);
       throw error;
     }
   }
 
-  private async readVersion(request: sql.Request): Promise<number> {
-    const result = await request.batch<{ Version: number }>(mssqlReadVersion(this.schema));
+  /** `.query()`, so the session options of `session` revert when the sp_executesql batch ends. */
+  private async readVersion(request: sql.Request, session: string): Promise<number> {
+    const result = await request.query<{ Version: number }>(`${session}${mssqlReadVersion(this.schema)}`);
     return Number(result.recordset?.[0]?.Version ?? 0);
   }
 
@@ -836,6 +843,7 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
             { cause: error },
           );
         }
+        if (errorNumber(error) === MSSQL_NESTED_OWN_TRANSACTION) throw nestedOwnTransaction(name, error);
         if (errorNumber(error) === MSSQL_CALLER_TRANSACTION_GONE) {
           throw new SqlQueueTransactionError(
             'enqueue refused: the transaction passed in is no longer open on the server (an earlier error rolled it back?); the job would have committed without your work',
@@ -847,6 +855,14 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
       }
     }
   }
+}
+
+/** The refusal of MSSQL_OWN_TRANSACTION_GUARD, for the store's and the broker transport's own transactions. */
+export function nestedOwnTransaction(what: string, cause: unknown): SqlQueueTransactionError {
+  return new SqlQueueTransactionError(
+    `${what} refused: the transaction it began is nested in one its pooled connection already had (an application left a transaction open, or IMPLICIT_TRANSACTIONS ON, on the shared pool); its commit would have committed nothing`,
+    { cause },
+  );
 }
 
 /** mssql 12 accepts a per-request timeout as a second constructor argument; its types lag behind. */
