@@ -16,6 +16,7 @@ import { resolveConsumerOptions, resolveQueueOptions, type QueueOptions } from '
 import type { QueueStore } from '../../lib/src/core/queue-store.js';
 import { WakeBus } from '../../lib/src/core/wake.js';
 import type { PgBrokerDouble } from './pg-broker-double.js';
+import { DEFAULT_MAX_PAYLOAD_BYTES } from '../../lib/src/core/validation.js';
 
 export interface BrokerEngineOptions {
   store: QueueStore;
@@ -62,9 +63,15 @@ export async function startBrokerEngine(options: BrokerEngineOptions): Promise<B
   });
   consumer.register(
     resolved,
-    brokerJobHandler({ queue, handler: options.handler, endConversation: (handle) => double.endConversation(handle) }),
+    brokerJobHandler({
+      maxBodyBytes: DEFAULT_MAX_PAYLOAD_BYTES,
+      queue,
+      handler: options.handler,
+      endConversation: (handle) => double.endConversation(handle),
+    }),
   );
   const broker = new BrokerConsumer({
+    maxBodyBytes: DEFAULT_MAX_PAYLOAD_BYTES,
     driver: double,
     options: {
       schema: store.schema,

@@ -279,6 +279,31 @@ export function doorbellNamePrefix(schema: string): string {
   return `${BROKER_NAME_PREFIX}/${schema}/doorbell`;
 }
 
+/**
+ * A dead message as the old readers (schema versions 6 to 10) kept it in [BrokerDead], for the
+ * upgrade test of migration 11 (broker-migration.mssql.spec.ts). The body is @text (nvarchar)
+ * cast to varbinary, i.e. its UTF-16LE bytes, as `CAST(N'…' AS varbinary(max))` makes them and
+ * send() writes a JSON body, when @text is not NULL; else @body (varbinary, NULL: no body).
+ * Params: @queue, @handle, @group (uniqueidentifier), @sequence bigint, @type, @text, @body,
+ * @attempts int, @crashes int, @lastError, @reason ('max-attempts', 'crashes',
+ * 'conversation-ended'), @deadAt datetime2. Returns the row's [Id].
+ */
+export function insertBrokerDeadRow(schema: string): string {
+  return `INSERT INTO ${quoteMssqlIdentifier(schema)}.[BrokerDead] ([Queue], [ConversationHandle], [ConversationGroupId],
+  [MessageSequenceNumber], [MessageTypeName], [MessageBody], [Attempts], [Crashes], [LastError], [Reason], [DeadAt])
+OUTPUT CAST(inserted.[Id] AS varchar(20)) AS [Id]
+VALUES (@queue, @handle, @group, @sequence, @type, COALESCE(CAST(@text AS varbinary(max)), @body), @attempts, @crashes,
+  @lastError, @reason, @deadAt);`;
+}
+
+/** Whether table @table (its quoted two-part name) exists: [Exists] 1 or 0. */
+export const TABLE_EXISTS = `SELECT CASE WHEN OBJECT_ID(@table, N'U') IS NULL THEN 0 ELSE 1 END AS [Exists];`;
+
+/** The schema versions recorded in [SchemaVersion], in order. */
+export function schemaVersions(schema: string): string {
+  return `SELECT [Version] FROM ${quoteMssqlIdentifier(schema)}.[SchemaVersion] ORDER BY [Version];`;
+}
+
 /** Every statement above, named, for the grammar gate. */
 export function everyBrokerTestStatement(schema: string): [string, string][] {
   const queue = { schema, name: 'orders_TargetQueue' };
@@ -318,5 +343,8 @@ export function everyBrokerTestStatement(schema: string): [string, string][] {
     ['create test user', createTestUser('sqlqueue_lp_0a1b2c3d', schema)],
     ['drop test user', dropTestUser('sqlqueue_lp_0a1b2c3d')],
     ['drop test login', dropTestLogin('sqlqueue_lp_0a1b2c3d')],
+    ['insert broker dead row', insertBrokerDeadRow(schema)],
+    ['table exists', TABLE_EXISTS],
+    ['schema versions', schemaVersions(schema)],
   ];
 }

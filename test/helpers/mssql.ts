@@ -1,6 +1,11 @@
 import sql from 'mssql';
 import { mssqlConfigFromUrl } from '../../lib/src/store/mssql/mssql.config.js';
-import { mssqlDropSchema } from '../../lib/src/store/mssql/mssql.migrations.js';
+import {
+  MSSQL_MIGRATIONS,
+  mssqlBootstrap,
+  mssqlDropSchema,
+  mssqlRecordVersion,
+} from '../../lib/src/store/mssql/mssql.migrations.js';
 import { SESSION_STATE } from './mssql-test-queries.js';
 
 /**
@@ -110,4 +115,24 @@ export async function beginCallerTransaction(
       }
     },
   };
+}
+
+/** Installs `schema` up to `version` (a previous release's schema), in one transaction, as migrate() would have. */
+export async function installMssqlSchemaUpTo(pool: sql.ConnectionPool, schema: string, version: number): Promise<void> {
+  const transaction = new sql.Transaction(pool);
+  await transaction.begin(sql.ISOLATION_LEVEL.READ_COMMITTED);
+  try {
+    for (const batch of mssqlBootstrap(schema)) await new sql.Request(transaction).batch(batch);
+    for (const migration of MSSQL_MIGRATIONS.filter((m) => m.version <= version)) {
+      for (const batch of migration.batches(schema)) await new sql.Request(transaction).batch(batch);
+      await new sql.Request(transaction)
+        .input('version', sql.Int, migration.version)
+        .input('description', sql.NVarChar(400), migration.description)
+        .query(mssqlRecordVersion(schema));
+    }
+    await transaction.commit();
+  } catch (error) {
+    await transaction.rollback().catch(() => undefined);
+    throw error;
+  }
 }

@@ -15,7 +15,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
-import { BROKER_MOVE_MAX_BODY_BYTES, type BrokerJobPayload } from '../../lib/src/broker/broker.job.js';
+import type { BrokerJobPayload } from '../../lib/src/broker/broker.job.js';
 import { BROKER_SYSTEM } from '../../lib/src/broker/broker.names.js';
 import { BROKER_MOVE_ROUNDS, moveMessages, waitForMessages } from '../../lib/src/broker/broker.receiver.queries.js';
 import type {
@@ -28,6 +28,7 @@ import type {
 } from '../../lib/src/broker/broker.types.js';
 import type { QueueStore } from '../../lib/src/core/queue-store.js';
 import type { NewJob } from '../../lib/src/core/types.js';
+import { DEFAULT_MAX_PAYLOAD_BYTES } from '../../lib/src/core/validation.js';
 
 /** One message as Service Broker would hold it. */
 export interface BrokerMessageDouble {
@@ -43,7 +44,11 @@ export interface BrokerMessageDouble {
  * body as UTF-16LE text for format 'json' when it looks like UTF-16LE text, else its bytes in
  * base64; a body too large to move as its size only.
  */
-export function brokerJobPayload(queue: ResolvedBrokerQueue, message: BrokerMessageDouble): BrokerJobPayload {
+export function brokerJobPayload(
+  queue: ResolvedBrokerQueue,
+  message: BrokerMessageDouble,
+  maxBodyBytes = DEFAULT_MAX_PAYLOAD_BYTES,
+): BrokerJobPayload {
   const payload: BrokerJobPayload = {
     type: message.type,
     conversationHandle: message.handle,
@@ -52,7 +57,7 @@ export function brokerJobPayload(queue: ResolvedBrokerQueue, message: BrokerMess
   };
   const body = message.body;
   if (body === null) return payload;
-  if (body.length > BROKER_MOVE_MAX_BODY_BYTES) return { ...payload, droppedBytes: body.length };
+  if (body.length > maxBodyBytes) return { ...payload, droppedBytes: body.length };
   const looksUtf16 = body.length > 0 && body.length % 2 === 0 && body[0] !== 0 && body[1] === 0;
   if (queue.format === 'json' && looksUtf16) return { ...payload, text: body.toString('utf16le') };
   return { ...payload, body: body.toString('base64') };
@@ -75,6 +80,8 @@ export interface PgBrokerDoubleOptions {
   queues: readonly ResolvedBrokerQueue[];
   /** How often an idle wait looks for work (default 20 ms). */
   pollMs?: number;
+  /** The moves' maxPayloadBytes (default the module default's). */
+  maxBodyBytes?: number;
 }
 
 export class PgBrokerDouble implements BrokerDriver {
@@ -85,13 +92,17 @@ export class PgBrokerDouble implements BrokerDriver {
   /** Test hook: runs inside each move's transaction after its RECEIVEs, before it enqueues. */
   beforeEnqueue: ((moved: number) => Promise<void> | void) | null = null;
 
+  get maxBodyBytes(): number {
+    return this.options.maxBodyBytes ?? DEFAULT_MAX_PAYLOAD_BYTES;
+  }
+
   constructor(readonly options: PgBrokerDoubleOptions) {
     this.pool = new pg.Pool({ connectionString: options.url, max: 20 });
     this.pool.on('error', () => undefined);
     this.s = `"${options.schema}"`;
     for (const queue of options.queues) {
       this.statements.set(waitForMessages(queue.queue), { kind: 'wait', queue });
-      this.statements.set(moveMessages(options.schema, queue), { kind: 'move', queue });
+      this.statements.set(moveMessages(options.schema, queue, this.maxBodyBytes), { kind: 'move', queue });
     }
   }
 
@@ -114,11 +125,15 @@ CREATE TABLE IF NOT EXISTS ${this.s}.sb_ended (handle uuid NOT NULL, by_move boo
     return { queue, handle: randomUUID().toUpperCase(), group: randomUUID().toUpperCase() };
   }
 
-  /** Sends `body` on the conversation (the next sequence number of it); returns its sequence. */
+  /**
+   * Sends `body` on the conversation (the next sequence number of it, or `sequence`: a message
+   * the broker raises itself, such as an Error, need not come last); returns its sequence.
+   */
   async send(
     conversation: { queue: string; handle: string; group: string },
     body: Buffer | null,
     type?: string,
+    sequence?: bigint,
   ): Promise<bigint> {
     const queue = this.queueNamed(conversation.queue);
     const client = await this.pool.connect();
@@ -133,13 +148,13 @@ CREATE TABLE IF NOT EXISTS ${this.s}.sb_ended (handle uuid NOT NULL, by_move boo
          ON CONFLICT (handle) DO UPDATE SET last = sb_sequences.last + 1 RETURNING last::text`,
         [conversation.handle, queue.name],
       );
-      const sequence = BigInt(rows[0]!.last);
+      const at = sequence ?? BigInt(rows[0]!.last);
       await client.query(
         `INSERT INTO ${this.s}.sb_messages (queue, group_id, handle, sequence, type, body) VALUES ($1, $2, $3, $4, $5, $6)`,
-        [queue.name, conversation.group, conversation.handle, String(sequence), type ?? queue.messageType, body],
+        [queue.name, conversation.group, conversation.handle, String(at), type ?? queue.messageType, body],
       );
       await client.query('COMMIT');
-      return sequence;
+      return at;
     } catch (error) {
       await client.query('ROLLBACK').catch(() => undefined);
       throw error;
@@ -167,9 +182,13 @@ CREATE TABLE IF NOT EXISTS ${this.s}.sb_ended (handle uuid NOT NULL, by_move boo
     return rows.map((row) => ({ handle: row.handle, byMove: row.by_move, at: row.at }));
   }
 
-  /** What the runtime's Close job does: END CONVERSATION in autocommit. */
+  /** What the runtime's Close job does: END CONVERSATION in autocommit (what is left of it in the queue is deleted, as on the server). */
   async endConversation(handle: string): Promise<void> {
-    await this.pool.query(`INSERT INTO ${this.s}.sb_ended (handle, by_move) VALUES ($1, false)`, [handle]);
+    await this.pool.query(
+      `WITH gone AS (DELETE FROM ${this.s}.sb_messages WHERE handle = $1)
+       INSERT INTO ${this.s}.sb_ended (handle, by_move) VALUES ($1, false)`,
+      [handle],
+    );
   }
 
   // ---- BrokerDriver
@@ -264,6 +283,25 @@ CREATE TABLE IF NOT EXISTS ${this.s}.sb_ended (handle uuid NOT NULL, by_move boo
           })),
         );
       }
+      // END CONVERSATION deletes what is left of the conversation in the queue, so the move
+      // receives it first (as moveMessages does): an Error need not be its conversation's last.
+      const ending = [...new Set(received.filter((m) => ENDING.has(m.type)).map((m) => m.handle))].sort();
+      for (const handle of ending) {
+        const { rows } = await client.query<{ group_id: string; sequence: string; type: string; body: Buffer | null }>(
+          `DELETE FROM ${this.s}.sb_messages WHERE handle = $1
+           RETURNING upper(group_id::text) AS group_id, sequence::text, type, body`,
+          [handle],
+        );
+        for (const row of rows) {
+          received.push({
+            type: row.type,
+            handle,
+            group: row.group_id,
+            sequence: BigInt(row.sequence),
+            body: row.body,
+          });
+        }
+      }
       const ordered = [...received].sort((a, b) =>
         a.group !== b.group
           ? a.group < b.group
@@ -283,7 +321,7 @@ CREATE TABLE IF NOT EXISTS ${this.s}.sb_ended (handle uuid NOT NULL, by_move boo
         .filter((m) => !ENDING.has(m.type) && m.type !== DROPPED)
         .map((m) => ({
           queue: queue.name,
-          payload: JSON.stringify(brokerJobPayload(queue, m)),
+          payload: JSON.stringify(brokerJobPayload(queue, m, this.maxBodyBytes)),
           priority: 0,
           runAt: null,
           delayMs: 0,
@@ -294,7 +332,7 @@ CREATE TABLE IF NOT EXISTS ${this.s}.sb_ended (handle uuid NOT NULL, by_move boo
         }));
       await this.beforeEnqueue?.(jobs.length);
       if (jobs.length > 0) await this.options.store.enqueue(jobs, client);
-      const ended = [...new Set(ordered.filter((m) => ENDING.has(m.type)).map((m) => m.handle))];
+      const ended = ending;
       for (const handle of ended) {
         await client.query(`INSERT INTO ${this.s}.sb_ended (handle, by_move) VALUES ($1, true)`, [handle]);
       }

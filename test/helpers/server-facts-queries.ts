@@ -355,6 +355,62 @@ CROSS APPLY (
 ) AS x;`;
 }
 
+/**
+ * The first message of conversation @handle (RECEIVE TOP (1) … WHERE conversation_handle: "For a
+ * given conversation, a RECEIVE statement returns messages in ascending message_sequence_number
+ * order", RECEIVE), in the caller's transaction.
+ */
+export function receiveFirstOfConversation(queue: BrokerObjectName): string {
+  return `RECEIVE TOP (1) CAST([conversation_handle] AS nvarchar(36)) AS [Handle], [message_type_name] AS [Type],
+  CAST([message_sequence_number] AS varchar(20)) AS [Sequence]
+FROM ${quoteBrokerObject(queue)}
+WHERE conversation_handle = @handle;`;
+}
+
+/**
+ * The messages of conversation @handle in the queue, read without receiving them (WITH (NOLOCK),
+ * as readyMessages), in the queue's order (queuing_order, "Message order number in the queue",
+ * RECEIVE, Queue Columns), with the sequence number the server gave each.
+ */
+export function queuedMessagesOfConversation(queue: BrokerObjectName): string {
+  return `SELECT [message_type_name] AS [Type], CAST([message_sequence_number] AS varchar(20)) AS [Sequence],
+  CAST([queuing_order] AS varchar(20)) AS [QueuingOrder], CAST([status] AS int) AS [Status]
+FROM ${quoteBrokerObject(queue)} WITH (NOLOCK)
+WHERE [conversation_handle] = @handle
+ORDER BY [queuing_order];`;
+}
+
+/**
+ * In the caller's transaction, as a move ends a conversation (moveMessages: XACT_ABORT off, END
+ * CONVERSATION in TRY/CATCH): ends conversation @handle, then ends it again, then ends a handle
+ * that never existed (NEWID()), each of the last two in TRY/CATCH, recording ERROR_NUMBER() and
+ * XACT_STATE() in the CATCH (0 and NULL: no error). XACT_STATE() 1: the session "can perform any
+ * actions, including writing data and committing the transaction"; -1: the transaction is
+ * uncommittable, only a full rollback is left
+ * (https://learn.microsoft.com/sql/t-sql/functions/xact-state-transact-sql). Then the state the
+ * transaction is in, for the caller's COMMIT.
+ */
+export const END_AGAIN_AND_UNKNOWN_IN_TRANSACTION = `SET XACT_ABORT OFF;
+DECLARE @againError int = 0, @againState int = NULL, @unknownError int = 0, @unknownState int = NULL;
+DECLARE @unknown uniqueidentifier = NEWID();
+END CONVERSATION @handle;
+BEGIN TRY
+  END CONVERSATION @handle;
+END TRY
+BEGIN CATCH
+  SET @againError = ERROR_NUMBER();
+  SET @againState = XACT_STATE();
+END CATCH;
+BEGIN TRY
+  END CONVERSATION @unknown;
+END TRY
+BEGIN CATCH
+  SET @unknownError = ERROR_NUMBER();
+  SET @unknownState = XACT_STATE();
+END CATCH;
+SELECT @againError AS [AgainError], @againState AS [AgainXactState], @unknownError AS [UnknownError],
+  @unknownState AS [UnknownXactState], XACT_STATE() AS [XactState], @@TRANCOUNT AS [TranCount];`;
+
 /** Every statement above, named, for the grammar gate (test/unit/tsql-grammar.spec.ts). */
 export function everyServerFactStatement(schema: string): [string, string][] {
   const queue = { schema, name: 'facts_TargetQueue' };
@@ -399,5 +455,8 @@ SET @now = DATEADD(nanosecond, -(DATEPART(nanosecond, @now) % 1000000), @now);
     ['jobs of queue', jobsOfQueue(schema)],
     ['hold jobs table', holdJobsTable(schema)],
     ['receive notification times', receiveNotificationTimes({ schema, name: 'BrokerActivationQueue' })],
+    ['receive first of conversation', receiveFirstOfConversation(queue)],
+    ['queued messages of conversation', queuedMessagesOfConversation(queue)],
+    ['end again and unknown in transaction', END_AGAIN_AND_UNKNOWN_IN_TRANSACTION],
   ];
 }

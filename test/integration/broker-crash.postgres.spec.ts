@@ -52,8 +52,9 @@ afterAll(async () => {
   await double?.close();
 });
 
-function worker(): Promise<WorkerProcess> {
+function worker(stallMoves = false): Promise<WorkerProcess> {
   const config: BrokerPgWorkerConfig = {
+    stallMoves,
     url: PG_URL,
     schema: db.schema,
     queue: QUEUE,
@@ -64,12 +65,29 @@ function worker(): Promise<WorkerProcess> {
   return WorkerProcess.start(config as never, 'broker-pg-worker.js');
 }
 
-it('SIGKILLed five times with every handler busy: every message handled to completion once, each conversation in order, nothing lost', async () => {
+it('SIGKILLed inside a move, then five times with every handler busy: every message handled to completion once, each conversation in order, nothing lost', async () => {
   const conversations = Array.from({ length: CONVERSATIONS }, () => double.conversation(QUEUE));
   for (let n = 1; n <= PER_CONVERSATION; n++) {
     for (const c of conversations) await double.send(c, encodeBrokerBody('json', { n }, 1 << 10, 'drill'));
   }
   const total = CONVERSATIONS * PER_CONVERSATION;
+
+  // First a kill inside a move, after its RECEIVEs and before its enqueue: the move's transaction
+  // dies with the process, so every message is back in the queue and none became a job.
+  const stalled = await worker(true);
+  await waitFor(
+    () => stalled.messages.filter((m) => m.type === 'moving').length,
+    (n) => n >= 1,
+    { timeoutMs: 20_000, what: 'a move stalled between its receives and its enqueue' },
+  );
+  stalled.kill('SIGKILL');
+  await stalled.exited;
+  await waitFor(
+    () => double.waiting(QUEUE),
+    (n) => n === total,
+    { timeoutMs: 10_000, what: 'every message back in the queue after the killed move' },
+  );
+  expect((await db.store.stats(QUEUE)).ready).toBe(0);
 
   for (let kill = 0; kill < KILLS; kill++) {
     const w = await worker();

@@ -246,6 +246,24 @@ describe('broker queues on the table queue (issue 21): receivers move messages, 
     expect(stats.ready + stats.delayed + stats.leased + stats.dead).toBe(0);
   });
 
+  it('an Error received before the rest of its conversation: the rest is moved before the conversation ends, none deleted unread', async () => {
+    // One message per move: the Error (sequence 0, as one the broker raises itself) comes alone.
+    const { queue, double } = await brokerQueue('errorfirst', { messagesPerTransaction: 1 });
+    const runs = new Runs();
+    engines.push(await startBrokerEngine({ store: db.store, double, queue, handler: runs.handler() }));
+    const c = double.conversation('errorfirst');
+    await double.send(c, null, BROKER_SYSTEM.ERROR, 0n);
+    for (let n = 1; n <= 3; n++) await double.send(c, json({ n }));
+    await waitFor(
+      () => runs.done.length,
+      (n) => n === 3,
+      { what: 'the three messages behind the Error handled' },
+    );
+    expect(runs.done.map((r) => r.body)).toEqual([{ n: 1 }, { n: 2 }, { n: 3 }]);
+    expect((await double.ended('errorfirst')).map((e) => [e.handle, e.byMove])).toEqual([[c.handle, true]]);
+    expect(await double.waiting('errorfirst')).toBe(0);
+  });
+
   it("a message out of attempts is a dead job; with groupOnDead 'continue' its conversation goes on", async () => {
     const { queue, double } = await brokerQueue('deadcont', {
       maxAttempts: 2,

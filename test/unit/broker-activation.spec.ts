@@ -20,6 +20,7 @@ import { brokerEventNotificationBatch } from '../../lib/src/broker/broker.setup.
 import type { BrokerRow, ResolvedBrokerOptions, ResolvedBrokerQueue } from '../../lib/src/broker/broker.types.js';
 import { BrokerDriverDouble, brokerError } from '../helpers/broker-driver-double.js';
 import { FakeClock, settle } from '../helpers/fake-clock.js';
+import { DEFAULT_MAX_PAYLOAD_BYTES } from '../../lib/src/core/validation.js';
 
 const WAIT_MS = 5_000;
 const POLL_MS = 10_000;
@@ -101,7 +102,7 @@ class QueueModel {
 
 class FakeReader implements BrokerReaderLoop {
   busy = false;
-  stopCalls: { abortAfterMs: number }[] = [];
+  stopCalls = 0;
   runs = 0;
   private stopped = false;
   private idle: AbortController | null = null;
@@ -139,8 +140,8 @@ class FakeReader implements BrokerReaderLoop {
     return 'handled';
   }
 
-  stop(options: { abortAfterMs: number }): void {
-    this.stopCalls.push(options);
+  stop(): void {
+    this.stopCalls++;
     this.stopped = true;
     this.idle?.abort();
   }
@@ -159,6 +160,7 @@ function consumerWith(
   let listenerDeps: BrokerListenerDeps | null = null;
   let listenerStopped = false;
   const consumer = new BrokerConsumer({
+    maxBodyBytes: DEFAULT_MAX_PAYLOAD_BYTES,
     driver: new BrokerDriverDouble(),
     options,
     clock,
@@ -300,7 +302,11 @@ describe('broker activation: the reader pool of a queue (seed 003)', () => {
       model,
     );
     consumer.start();
-    await clock.advance(20_000);
+    await clock.advance(1_000);
+    // Failing since the first round, as the health reading is told (and the error).
+    expect(consumer.snapshot().queues[0]).toMatchObject({ failingSince: 0, lastError: 'connection reset' });
+    await clock.advance(19_000);
+    expect(consumer.snapshot().queues[0]).toMatchObject({ failingSince: null, lastError: null });
     expect(failAt).toEqual([0, 281, 281 + 563, 281 + 563 + 1125]); // 250, 500, 1000 ms × (1 + 0.25 × 0.5 jitter)
     expect(model.handled).toBe(1); // the loop went on and handled the message
     expect(readers).toHaveLength(1);
@@ -344,7 +350,7 @@ describe('broker activation: the reader pool of a queue (seed 003)', () => {
     await settle();
     await stopping; // no clock advance: the wait was cancelled, not waited out
     expect(listenerStopped()).toBe(true);
-    expect(readers[0]!.stopCalls).toEqual([{ abortAfterMs: 30_000 }]);
+    expect(readers[0]!.stopCalls).toBe(1);
     expect(readerCount(consumer)).toBe(0);
     expect(events.at(-1)).toEqual({
       name: 'brokerReceiversChanged',
@@ -370,7 +376,7 @@ describe('broker activation: the reader pool of a queue (seed 003)', () => {
     const stopping = consumer.stop(10_000).then(() => (stopped = true));
     await clock.advance(1_000);
     expect(stopped).toBe(false);
-    expect(readers[0]!.stopCalls).toEqual([{ abortAfterMs: 10_000 }]);
+    expect(readers[0]!.stopCalls).toBe(1);
     await clock.advance(1_000); // the handler ends at 3 s
     await stopping;
     expect(model.handled).toBe(1); // finished, and no further message was started
@@ -391,6 +397,7 @@ describe('broker activation: the reader pool of a queue (seed 003)', () => {
   it('the snapshot lists every broker queue, consumed here or not', async () => {
     const options = resolveBrokerOptions({ queues: { orders: {}, mail: {} } }, 'sqlqueue')!;
     const consumer = new BrokerConsumer({
+      maxBodyBytes: DEFAULT_MAX_PAYLOAD_BYTES,
       driver: new BrokerDriverDouble(),
       options,
       clock: new FakeClock(),
@@ -414,6 +421,7 @@ describe('broker activation: the reader pool of a queue (seed 003)', () => {
     const options = brokerOptions();
     const initiatorReaders: FakeReader[] = [];
     const consumer = new BrokerConsumer({
+      maxBodyBytes: DEFAULT_MAX_PAYLOAD_BYTES,
       driver: new BrokerDriverDouble(),
       options,
       clock,
@@ -434,7 +442,7 @@ describe('broker activation: the reader pool of a queue (seed 003)', () => {
     expect(initiatorReaders).toHaveLength(1);
     expect(initiatorReaders[0]!.runs).toBe(4); // 'empty' never retires the only reader
     await consumer.stop(1_000);
-    expect(initiatorReaders[0]!.stopCalls).toHaveLength(1);
+    expect(initiatorReaders[0]!.stopCalls).toBe(1);
   });
 });
 
@@ -710,7 +718,14 @@ describe('broker health reading', () => {
     return new BrokerDriverDouble({ strict: true }).on(readBrokerQueueHealth(), () => (row ? [row] : []));
   }
   const good = { is_broker_enabled: true, is_receive_enabled: true, is_enqueue_enabled: true, activation_exists: 1 };
-  const snapshot = (over: { lastLoopAt?: number | null; problem?: string | null; running?: boolean } = {}) => ({
+  const snapshot = (
+    over: {
+      lastLoopAt?: number | null;
+      problem?: string | null;
+      running?: boolean;
+      failingSince?: number | null;
+    } = {},
+  ) => ({
     running: over.running ?? true,
     listenerLastLoopAt: over.lastLoopAt === undefined ? 1_000 : over.lastLoopAt,
     queues: [
@@ -724,6 +739,8 @@ describe('broker health reading', () => {
         lastActivationAt: 900,
         disabledSeen: false,
         notificationProblem: over.problem ?? null,
+        failingSince: over.failingSince ?? null,
+        lastError: over.failingSince === undefined || over.failingSince === null ? null : 'Lock request time out',
       },
     ],
   });
@@ -773,6 +790,24 @@ describe('broker health reading', () => {
     expect(dead.problems).toEqual([
       `the activation listener made no progress for ${limit + 1} ms (limit ${limit} ms): the notification queue cannot be read`,
     ]);
+  });
+
+  it('receivers that failed every round past max(30 s, 3 × waitTimeoutMs) read unhealthy, naming the last error', async () => {
+    const bound = Math.max(30_000, 3 * WAIT_MS);
+    const at = (since: number, now: number) =>
+      readBrokerHealth(
+        driverAnswering(good),
+        options,
+        'orders',
+        snapshot({ failingSince: since, lastLoopAt: now }),
+        now,
+      );
+    expect((await at(1_000, 1_000 + bound)).healthy).toBe(true);
+    const failing = await at(1_000, 1_000 + bound + 1);
+    expect(failing.problems).toEqual([
+      `the receivers of broker queue 'orders' have failed every round for ${bound + 1} ms (limit ${bound} ms; last error: Lock request time out): its messages are not reaching the handlers`,
+    ]);
+    expect(failing.details).toMatchObject({ receiversFailingSince: 1_000 });
   });
 
   it('a pending event notification problem, a missing queue, or an unknown name read unhealthy', async () => {
@@ -832,6 +867,7 @@ describe('broker activation: the consumer with its real listener', () => {
     const model = new QueueModel(clock);
     const { listener, events } = recorder();
     const consumer = new BrokerConsumer({
+      maxBodyBytes: DEFAULT_MAX_PAYLOAD_BYTES,
       driver: double,
       options,
       clock,
@@ -877,6 +913,7 @@ describe('broker activation: default readers', () => {
     double.on(receiveNotifications(options.notificationQueue), () => clock.sleep(WAIT_MS).then(() => []));
     double.on(pollBrokerQueue(options.queues[0]!.queue), () => [pollRow()]);
     const consumer = new BrokerConsumer({
+      maxBodyBytes: DEFAULT_MAX_PAYLOAD_BYTES,
       driver: double,
       options,
       clock,
@@ -903,6 +940,7 @@ describe('broker activation: default readers', () => {
     const double = new BrokerDriverDouble();
     double.on(/\[orders_InitiatorQueue\]/, () => clock.sleep(WAIT_MS).then(() => []));
     const consumer = new BrokerConsumer({
+      maxBodyBytes: DEFAULT_MAX_PAYLOAD_BYTES,
       driver: double,
       options,
       clock,

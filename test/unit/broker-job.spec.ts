@@ -1,10 +1,11 @@
 import { describe, expect, it } from 'vitest';
 import { encodeBrokerBody } from '../../lib/src/broker/broker.body.js';
 import {
-  BROKER_MOVE_MAX_BODY_BYTES,
   brokerDeadMessage,
   brokerJobHandler,
   type BrokerJobPayload,
+  BROKER_JOB_FIELDS,
+  BROKER_MOVE_MAX_KEPT_BYTES,
 } from '../../lib/src/broker/broker.job.js';
 import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
 import type { BrokerMessageContext, BrokerBodyFormat } from '../../lib/src/broker/broker.types.js';
@@ -13,6 +14,13 @@ import type { JobContext } from '../../lib/src/core/handler.js';
 import type { JobRecord } from '../../lib/src/core/types.js';
 import { brokerJobPayload } from '../helpers/pg-broker-double.js';
 import { deadJobRecord } from '../helpers/job-records.js';
+import { DEFAULT_MAX_PAYLOAD_BYTES } from '../../lib/src/core/validation.js';
+import { BROKER_HANDLER_DEFAULTS } from '../../lib/src/broker/broker.options.js';
+import {
+  MIGRATED_BODY_MAX_BYTES,
+  MIGRATED_MAX_ATTEMPTS,
+  MSSQL_MIGRATIONS,
+} from '../../lib/src/store/mssql/mssql.migrations.js';
 
 const HANDLE = '6F9619FF-8B86-D011-B42D-00C04FC964FF';
 const GROUP = '7A9619FF-8B86-D011-B42D-00C04FC964FF';
@@ -59,6 +67,7 @@ async function run(format: BrokerBodyFormat, payload: unknown) {
   const calls: { body: unknown; context: BrokerMessageContext }[] = [];
   const ended: string[] = [];
   const handler = brokerJobHandler({
+    maxBodyBytes: DEFAULT_MAX_PAYLOAD_BYTES,
     queue: queueOf(format),
     handler: async (body, context) => void calls.push({ body, context }),
     endConversation: async (handle) => void ended.push(handle),
@@ -117,9 +126,9 @@ describe('a moved message as a job: its payload and its handler', () => {
     await expect(run('json', bad)).rejects.toThrow(
       /broker queue 'orders': message body is not JSON.*\(format 'json'\)/,
     );
-    const dropped = { ...message('raw', null), droppedBytes: BROKER_MOVE_MAX_BODY_BYTES + 1 };
+    const dropped = { ...message('raw', null), droppedBytes: DEFAULT_MAX_PAYLOAD_BYTES + 1 };
     await expect(run('raw', dropped)).rejects.toThrow(
-      /is 536870913 bytes, more than a move keeps \(536870912\); it was not kept/,
+      /is 1048577 bytes, more than a move keeps \(maxPayloadBytes, 1048576\); it was not kept/,
     );
     await expect(run('json', { order: 7 })).rejects.toThrow(
       /job 42 in broker queue 'orders' does not carry a received message/,
@@ -129,6 +138,7 @@ describe('a moved message as a job: its payload and its handler', () => {
 
   it("a handler error is the job's failure, as thrown", async () => {
     const handler = brokerJobHandler({
+      maxBodyBytes: DEFAULT_MAX_PAYLOAD_BYTES,
       queue: queueOf('json'),
       handler: async () => {
         throw new TypeError('payment service down');
@@ -155,9 +165,13 @@ describe('a dead job of a broker queue as a dead message', () => {
       attempts: 5,
       lastError: 'boom',
       deadAt: new Date(5),
+      droppedBytes: null,
     });
     const bad = { ...message('json', null), text: '{oops' };
     expect(brokerDeadMessage(queueOf('json'), job(bad)).body).toEqual(Buffer.from('{oops', 'utf16le'));
+    // A body too large to keep: listed by its size, with no body.
+    const dropped = { ...message('raw', null), droppedBytes: 70_000_000 };
+    expect(brokerDeadMessage(queueOf('raw'), job(dropped))).toMatchObject({ body: null, droppedBytes: 70_000_000 });
   });
 
   it('lists a job that carries no received message with what is known of it', () => {
@@ -167,5 +181,32 @@ describe('a dead job of a broker queue as a dead message', () => {
       conversationHandle: '',
       messageTypeName: '',
     });
+  });
+});
+
+describe('migration 11 moves the old dead messages into the payload a move writes', () => {
+  const migration = MSSQL_MIGRATIONS.find((m) => m.version === 11)!;
+  const text = migration.batches('sqlqueue').join('\n');
+
+  it('keeps a body as a move keeps one at most: up to BROKER_MOVE_MAX_KEPT_BYTES, else only its size', () => {
+    expect(MIGRATED_BODY_MAX_BYTES).toBe(BROKER_MOVE_MAX_KEPT_BYTES);
+    expect(text).toContain(
+      `CASE WHEN DATALENGTH(d.[MessageBody]) <= ${BROKER_MOVE_MAX_KEPT_BYTES} THEN d.[MessageBody] END AS [body]`,
+    );
+    expect(text).toContain(
+      `CASE WHEN DATALENGTH(d.[MessageBody]) > ${BROKER_MOVE_MAX_KEPT_BYTES} THEN DATALENGTH(d.[MessageBody]) END AS [droppedBytes]`,
+    );
+  });
+
+  it("gives a migrated message a broker handler's default attempts, or its own when more", () => {
+    expect(MIGRATED_MAX_ATTEMPTS).toBe(BROKER_HANDLER_DEFAULTS.maxAttempts);
+    expect(text).toContain('CASE WHEN d.[Attempts] < 5 THEN 5 ELSE d.[Attempts] END');
+  });
+
+  it('names the payload fields the handler side reads (a subset of BROKER_JOB_FIELDS: no text, the body in base64)', () => {
+    const payload = text.slice(text.indexOf('(SELECT d.[MessageTypeName]'), text.indexOf('FOR JSON PATH'));
+    const aliases = [...payload.matchAll(/ AS \[(\w+)\]/g)].map((m) => m[1]);
+    const { text: _text, ...rest } = BROKER_JOB_FIELDS;
+    expect(aliases).toEqual(Object.values(rest));
   });
 });

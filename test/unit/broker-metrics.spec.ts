@@ -26,6 +26,8 @@ function setup(brokerStats: () => Promise<{ messagesWaiting: number; dead: numbe
         lastActivationAt: null,
         disabledSeen: false,
         notificationProblem: null,
+        failingSince: null,
+        lastError: null,
       },
     ],
   };

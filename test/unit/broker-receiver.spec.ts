@@ -5,11 +5,12 @@ import { moveMessages, waitForMessages } from '../../lib/src/broker/broker.recei
 import type { QueueEventListener } from '../../lib/src/core/events.js';
 import { BrokerDriverDouble, brokerError } from '../helpers/broker-driver-double.js';
 import { CaptureLogger } from '../helpers/capture-logger.js';
+import { DEFAULT_MAX_PAYLOAD_BYTES } from '../../lib/src/core/validation.js';
 
 const options = resolveBrokerOptions({ queues: { orders: { messagesPerTransaction: 50 } } }, 'sqlqueue')!;
 const queue = options.queues[0]!;
 const WAIT = waitForMessages(queue.queue);
-const MOVE = moveMessages('sqlqueue', queue);
+const MOVE = moveMessages('sqlqueue', queue, DEFAULT_MAX_PAYLOAD_BYTES);
 
 function setup() {
   const driver = new BrokerDriverDouble({ strict: true });
@@ -22,6 +23,7 @@ function setup() {
     schema: 'sqlqueue',
     queue,
     waitTimeoutMs: 5_000,
+    maxBodyBytes: DEFAULT_MAX_PAYLOAD_BYTES,
     maxAttempts: 7,
     logger,
     listeners: [listener],

@@ -239,6 +239,7 @@ describe('the Service Broker runtime: dead messages and the close handshake', ()
           attempts: 5,
           lastError: 'boom',
           deadAt: new Date(1),
+          droppedBytes: null,
         },
       ],
       nextAfterId: null,

@@ -6,7 +6,8 @@
  * schema's `broker_runs` table as it starts and just before it returns, and its effect goes to an
  * idempotent receiver (`broker_effects`, keyed by conversation and sequence).
  *
- * IPC as the other workers: 'ready', 'started' (a run began), 'finished'; the parent kills it.
+ * IPC as the other workers: 'ready', 'started' (a run began), 'finished', 'moving' (a stalled
+ * move holds its messages, with stallMoves); the parent kills it.
  */
 import pg from 'pg';
 import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
@@ -23,6 +24,8 @@ export interface BrokerPgWorkerConfig {
   queueOptions: BrokerQueueOptions;
   handlerDelayMs: number;
   reaperIntervalMs: number;
+  /** Each move stops after its RECEIVEs, before it enqueues, says 'moving' and waits to be killed. */
+  stallMoves?: boolean;
 }
 
 const config = JSON.parse(process.argv[2] ?? '{}') as BrokerPgWorkerConfig;
@@ -36,6 +39,12 @@ async function main(): Promise<void> {
   const store = createPostgresStore({ url: config.url, poolSize: 10 }, { schema: config.schema });
   const double = new PgBrokerDouble({ url: config.url, schema: config.schema, store, queues: [queue] });
   const s = `"${config.schema}"`;
+  if (config.stallMoves) {
+    double.beforeEnqueue = async (moved) => {
+      send({ type: 'moving', moved });
+      await new Promise(() => undefined);
+    };
+  }
   await startBrokerEngine({
     store,
     double,

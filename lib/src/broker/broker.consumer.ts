@@ -29,7 +29,7 @@ export interface BrokerReaderLoop {
    */
   runOnce(): Promise<'empty' | 'handled' | 'stopped'>;
   /** Ends the reader: cancels an idle WAITFOR at once and lets a round in flight finish; never a full rollback. */
-  stop(options: { abortAfterMs: number }): unknown;
+  stop(): unknown;
   /** True while it is taking messages; feeds the busy count when the reader tells it. */
   readonly busy?: boolean;
 }
@@ -71,6 +71,9 @@ export class BrokerQueueReaders {
   /** Error backoff pauses in progress; shutdown aborts them. */
   private readonly pauses = new Set<AbortController>();
   private readonly errors: ThrottledErrorLog;
+  /** Since when every round of every reader failed (engine clock ms; null after any success), and the last error. */
+  private failingSince: number | null = null;
+  private lastError: string | null = null;
 
   /**
    * `activates: false` makes a fixed pool of minReaders that ignores activations (the
@@ -107,7 +110,7 @@ export class BrokerQueueReaders {
 
   snapshot(): Pick<
     BrokerQueueSnapshot,
-    'receivers' | 'busyReceivers' | 'minReceivers' | 'maxReceivers' | 'lastActivationAt'
+    'receivers' | 'busyReceivers' | 'minReceivers' | 'maxReceivers' | 'lastActivationAt' | 'failingSince' | 'lastError'
   > {
     let busy = 0;
     for (const { reader } of this.running) if (reader.busy) busy++;
@@ -117,6 +120,8 @@ export class BrokerQueueReaders {
       minReceivers: this.limits.minReaders,
       maxReceivers: this.limits.maxReaders,
       lastActivationAt: this.lastActivationAt,
+      failingSince: this.failingSince,
+      lastError: this.failingSince === null ? null : this.lastError,
     };
   }
 
@@ -152,11 +157,14 @@ export class BrokerQueueReaders {
           // after a pause, so a dead server is not hammered by every reader.
           const pause = backoff.next();
           this.errors.failed(error, pause);
+          this.failingSince ??= this.deps.clock.now();
+          this.lastError = describe(error);
           await this.pause(pause);
           continue;
         }
         backoff.reset();
         this.errors.succeeded();
+        this.failingSince = null;
         if (outcome === 'stopped') return;
         // Seed 003: a reader whose wait came back empty retires while more than the minimum run
         // (checked and left in the same turn, so two empty readers cannot both retire past it).
@@ -200,7 +208,7 @@ export class BrokerQueueReaders {
       loops.push(done);
       try {
         // A rejection of stop() must not keep shutdown from the other readers.
-        void Promise.resolve(reader.stop({ abortAfterMs: timeoutMs })).catch((error: unknown) => {
+        void Promise.resolve(reader.stop()).catch((error: unknown) => {
           this.deps.logger.warn(`broker queue '${this.name}': stopping a reader failed: ${describe(error)}`);
         });
       } catch (error) {
@@ -223,6 +231,8 @@ export interface BrokerConsumerDeps {
   logger: QueueLogger;
   listeners: readonly QueueEventListener[];
   random?: () => number;
+  /** The most bytes of a message body a move keeps (the module's maxPayloadBytes). */
+  maxBodyBytes: number;
   /** Messages of `queue` became jobs in this process's move: wake its handlers. */
   onMoved(queue: string): void;
   /** Makes one receiver of a consumed queue. Default: a BrokerReceiver on `driver`. */
@@ -364,6 +374,8 @@ export class BrokerConsumer {
           minReceivers: queue.minReceivers,
           maxReceivers: queue.maxReceivers,
           lastActivationAt: null,
+          failingSince: null,
+          lastError: null,
         }),
         disabledSeen: seen?.disabledSeen ?? false,
         notificationProblem: seen?.notificationProblem ?? null,
@@ -384,6 +396,7 @@ export class BrokerConsumer {
       queue,
       waitTimeoutMs: options.waitTimeoutMs,
       maxAttempts,
+      maxBodyBytes: this.deps.maxBodyBytes,
       logger,
       listeners,
       onMoved: () => this.deps.onMoved(queue.name),

@@ -110,6 +110,15 @@ export async function readBrokerHealth(
           : `the activation listener made no progress for ${now - lastLoopAt} ms (limit ${aliveWithinMs} ms): the notification queue cannot be read`,
       );
     }
+    // Poison handling is off (the table queue is the poison handler), so a move the server
+    // refuses every time would stop the queue's messages reaching the handlers with nothing but
+    // a log line: past the bound it makes the probe fail.
+    const failingBoundMs = Math.max(BROKER_QUEUE_HOLD_MIN_MS, BROKER_QUEUE_HOLD_FACTOR * options.waitTimeoutMs);
+    if (mine.failingSince !== null && now - mine.failingSince > failingBoundMs) {
+      problems.push(
+        `the receivers of broker queue '${queueName}' have failed every round for ${now - mine.failingSince} ms (limit ${failingBoundMs} ms; last error: ${mine.lastError ?? 'unknown'}): its messages are not reaching the handlers`,
+      );
+    }
     // The catalog check above already reports a missing activation notification.
     if (mine.notificationProblem !== null && activationNotification) problems.push(mine.notificationProblem);
   }
@@ -133,6 +142,7 @@ export async function readBrokerHealth(
             busyReceivers: mine.busyReceivers,
             lastActivationAt: mine.lastActivationAt,
             disabledSeen: mine.disabledSeen,
+            receiversFailingSince: mine.failingSince,
           }
         : {}),
     },

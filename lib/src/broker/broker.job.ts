@@ -45,11 +45,13 @@ export const BROKER_JOB_FIELDS: { readonly [K in keyof Required<BrokerJobPayload
 };
 
 /**
- * Most bytes of a body a move keeps. Its base64 (4/3 of it) must fit nvarchar(max), whose 2 GB
- * hold about 1.07 billion characters; 512 MiB leaves room for the rest of the payload. Larger
- * bodies (Service Broker allows 2 GB) are moved without their bytes, as `droppedBytes`.
+ * The ceiling of the bytes of a body a move keeps (the module's maxPayloadBytes, which senders
+ * obey too, is the limit; this is its own ceiling). The payload carries a kept body as base64
+ * (4/3 of it) or as its text, and comes back to Node as one string, which cannot pass
+ * buffer.constants.MAX_STRING_LENGTH (about 512 Mi characters on Node 20); larger bodies (a
+ * T-SQL sender may send up to 2 GB) are moved without their bytes, as `droppedBytes`.
  */
-export const BROKER_MOVE_MAX_BODY_BYTES = 512 * 1024 * 1024;
+export const BROKER_MOVE_MAX_KEPT_BYTES = 64 * 1024 * 1024;
 
 /**
  * Reads a moved message's payload; throws SqlQueueUnrecoverableError for anything else (a job
@@ -99,6 +101,8 @@ export interface BrokerJobHandlerOptions {
    * key's next dialog. Ending one already ended succeeds.
    */
   endConversation(conversationHandle: string): Promise<void>;
+  /** The most bytes of a body the moves keep (the module's maxPayloadBytes), for the error of a larger one. */
+  maxBodyBytes: number;
 }
 
 /**
@@ -118,7 +122,7 @@ export function brokerJobHandler(options: BrokerJobHandlerOptions): JobHandler {
     }
     if (message.droppedBytes !== undefined) {
       throw new SqlQueueUnrecoverableError(
-        `broker queue '${queue.name}': the body of message ${message.sequence} of conversation ${message.conversationHandle} is ${message.droppedBytes} bytes, more than a move keeps (${BROKER_MOVE_MAX_BODY_BYTES}); it was not kept. Send large documents by reference`,
+        `broker queue '${queue.name}': the body of message ${message.sequence} of conversation ${message.conversationHandle} is ${message.droppedBytes} bytes, more than a move keeps (maxPayloadBytes, ${options.maxBodyBytes}); it was not kept. Send large documents by reference`,
       );
     }
     let body: unknown;
@@ -154,7 +158,8 @@ export function brokerDeadMessage(queue: ResolvedBrokerQueue, job: JobRecord): B
     // Not a moved message: listed with what is known of it.
   }
   let body: unknown = job.payload;
-  if (message) {
+  if (message?.droppedBytes !== undefined) body = null;
+  else if (message) {
     try {
       body = decodeMoved(queue.format, message);
     } catch (error) {
@@ -174,5 +179,6 @@ export function brokerDeadMessage(queue: ResolvedBrokerQueue, job: JobRecord): B
     attempts: job.attempts,
     lastError: job.lastError,
     deadAt: job.finishedAt,
+    droppedBytes: message?.droppedBytes ?? null,
   };
 }

@@ -5,7 +5,7 @@ import {
   MSSQL_TABLE_TYPES,
   mssqlEnqueueInTransaction,
 } from '../store/mssql/mssql.queries.js';
-import { BROKER_JOB_FIELDS, BROKER_MOVE_MAX_BODY_BYTES } from './broker.job.js';
+import { BROKER_JOB_FIELDS, BROKER_MOVE_MAX_KEPT_BYTES } from './broker.job.js';
 import { BROKER_SYSTEM, brokerStringLiteral, quoteBrokerObject } from './broker.names.js';
 import { MSSQL_END_STATE_ERROR, MSSQL_HANDLE_NOT_FOUND } from './broker.sender.queries.js';
 import type { BrokerObjectName, ResolvedBrokerQueue } from './broker.types.js';
@@ -85,7 +85,9 @@ export const RECEIVED_TABLE = `DECLARE @received TABLE (
  * of its conversation group (in conversation and sequence order, so the group runs them in the
  * order they were sent), ends our side of the conversations that were ended (EndDialog, Error),
  * and commits. Params: @queue nvarchar (the broker queue's name, its table queue's too),
- * @maxAttempts int (the default of the queue's jobs when its consumers recorded none).
+ * @maxAttempts int (the default of the queue's jobs when its consumers recorded none). A body
+ * over `maxBodyBytes` (the module's maxPayloadBytes, the limit senders obey) is moved without its
+ * bytes (`droppedBytes`), so its job dies with an error that says so.
  *
  * Exactly once: the RECEIVE and the INSERT commit together, or neither. A failure of its own
  * (a lock not granted, a refused key lock) rolls back to the savepoint before the RECEIVE and
@@ -102,8 +104,9 @@ export const RECEIVED_TABLE = `DECLARE @received TABLE (
  * Answers one row: [Received] messages, [Moved] jobs enqueued, [Ended] conversations ended,
  * [Errors] (JSON: conversationHandle and base64 body of each Error message, for the log).
  */
-export function moveMessages(schema: string, queue: ResolvedBrokerQueue): string {
+export function moveMessages(schema: string, queue: ResolvedBrokerQueue, maxBodyBytes: number): string {
   const top = assertInteger('messagesPerTransaction', queue.messagesPerTransaction, 1, 1_000);
+  const keep = assertInteger('maxPayloadBytes', maxBodyBytes, 1, BROKER_MOVE_MAX_KEPT_BYTES);
   const f = BROKER_JOB_FIELDS;
   return `${MSSQL_AUTOCOMMIT_SESSION}SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 SET XACT_ABORT OFF;
@@ -125,6 +128,32 @@ BEGIN TRY
     IF @moveCount = @moveBefore BREAK;
     SET @moveBefore = @moveCount;
   END;
+  -- Our side of each conversation that was ended (EndDialog, Error) ends here. END CONVERSATION
+  -- "removes all messages for the conversation from the service queue", and an Error the broker
+  -- raised itself need not come last, so the rest of the conversation is received first: it is
+  -- moved with the others, none is deleted unread.
+  WHILE 1 = 1
+  BEGIN
+    SET @nextHandle = NULL;
+    SELECT TOP (1) @nextHandle = conversation_handle FROM @received
+    WHERE message_type_name IN (${ENDING_TYPES}) AND (@endHandle IS NULL OR conversation_handle > @endHandle)
+    ORDER BY conversation_handle;
+    IF @nextHandle IS NULL BREAK;
+    SET @endHandle = @nextHandle;
+    RECEIVE ${RECEIVED_COLUMNS} FROM ${quoteBrokerObject(queue.queue)} INTO @received
+    WHERE conversation_handle = @endHandle;
+    BEGIN TRY
+      END CONVERSATION @endHandle;
+      SET @moveEnded = @moveEnded + 1;
+    END TRY
+    BEGIN CATCH
+      -- Already ended (by an administrator, or the handle is gone): nothing to do, unless the
+      -- error doomed the transaction (then the outer CATCH rolls it back whole).
+      SET @endError = ERROR_NUMBER();
+      IF @endError NOT IN (${MSSQL_HANDLE_NOT_FOUND}, ${MSSQL_END_STATE_ERROR}) OR XACT_STATE() <> 1 THROW;
+    END CATCH;
+  END;
+  SET @moveCount = (SELECT COUNT(*) FROM @received);
   INSERT INTO @jobs ([Ord], [Queue], [Payload], [Priority], [RunAt], [DelayMs], [GroupKey], [IdempotencyKey],
                      [MaxAttempts], [DefaultMaxAttempts], [TraceContext])
   SELECT ROW_NUMBER() OVER (ORDER BY r.conversation_group_id, r.conversation_handle, r.message_sequence_number) - 1,
@@ -140,31 +169,13 @@ BEGIN TRY
          0, NULL, 0, CONVERT(nvarchar(36), r.conversation_group_id), NULL, NULL, @maxAttempts, NULL
   FROM @received AS r
   CROSS APPLY (
-    SELECT CASE WHEN DATALENGTH(r.message_body) > ${BROKER_MOVE_MAX_BODY_BYTES} THEN 0 ELSE 1 END AS [Kept],
-      CASE WHEN DATALENGTH(r.message_body) > ${BROKER_MOVE_MAX_BODY_BYTES} THEN NULL ELSE ${movedText(queue.format)} END AS [Text]
+    SELECT CASE WHEN DATALENGTH(r.message_body) > ${keep} THEN 0 ELSE 1 END AS [Kept],
+      CASE WHEN DATALENGTH(r.message_body) > ${keep} THEN NULL ELSE ${movedText(queue.format)} END AS [Text]
   ) AS b
   WHERE r.message_type_name NOT IN (${ENDING_TYPES}, ${brokerStringLiteral(BROKER_SYSTEM.DIALOG_TIMER)});
   IF EXISTS (SELECT 1 FROM @jobs)
   BEGIN
 ${indent(mssqlEnqueueInTransaction(schema), '    ')}
-  END;
-  WHILE 1 = 1
-  BEGIN
-    SET @nextHandle = NULL;
-    SELECT TOP (1) @nextHandle = conversation_handle FROM @received
-    WHERE message_type_name IN (${ENDING_TYPES}) AND (@endHandle IS NULL OR conversation_handle > @endHandle)
-    ORDER BY conversation_handle;
-    IF @nextHandle IS NULL BREAK;
-    SET @endHandle = @nextHandle;
-    BEGIN TRY
-      END CONVERSATION @endHandle;
-    END TRY
-    BEGIN CATCH
-      -- Already ended (a second end in the same move, or by an administrator): nothing to do.
-      SET @endError = ERROR_NUMBER();
-      IF @endError NOT IN (${MSSQL_HANDLE_NOT_FOUND}, ${MSSQL_END_STATE_ERROR}) THROW;
-    END CATCH;
-    SET @moveEnded = @moveEnded + 1;
   END;
   COMMIT TRANSACTION;
 END TRY

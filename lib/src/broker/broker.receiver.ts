@@ -14,6 +14,8 @@ export interface BrokerReceiverOptions {
   waitTimeoutMs: number;
   /** maxAttempts of the moved jobs when the queue's consumers recorded none (the handler's resolved value). */
   maxAttempts: number;
+  /** The most bytes of a body the move keeps (the module's maxPayloadBytes). */
+  maxBodyBytes: number;
   logger: QueueLogger;
   listeners: readonly QueueEventListener[];
   /** Messages became jobs: this process's handlers of the queue should claim now. */
@@ -52,7 +54,7 @@ export class BrokerReceiver implements BrokerReaderLoop {
 
   constructor(private readonly options: BrokerReceiverOptions) {
     this.waitText = waitForMessages(options.queue.queue);
-    this.moveText = moveMessages(options.schema, options.queue);
+    this.moveText = moveMessages(options.schema, options.queue, options.maxBodyBytes);
   }
 
   /** True while a move runs (a receiver waiting in GET CONVERSATION GROUP is idle). */

@@ -128,6 +128,7 @@ export class BrokerRuntime implements BrokerRuntimeApi {
   private readonly admin: BrokerAdmin;
   private readonly consumer: BrokerConsumer;
   private readonly store: BrokerRuntimeDeps['store'];
+  private readonly maxPayloadBytes: number;
   private readonly clock: Clock;
   private readonly logger: QueueLogger;
   private closed = false;
@@ -139,6 +140,7 @@ export class BrokerRuntime implements BrokerRuntimeApi {
     deps: BrokerRuntimeDeps,
   ) {
     this.options = deps.options;
+    this.maxPayloadBytes = deps.maxPayloadBytes;
     this.store = deps.store;
     this.logger = deps.logger;
     const clock = (this.clock = deps.clock ?? systemClock);
@@ -158,6 +160,7 @@ export class BrokerRuntime implements BrokerRuntimeApi {
       clock,
       logger: deps.logger,
       listeners: deps.listeners,
+      maxBodyBytes: deps.maxPayloadBytes,
       onMoved: (name) => deps.onMoved?.(name),
     });
     // Every process that may send ends the dialogs its targets end (no endpoint leak).
@@ -186,6 +189,7 @@ export class BrokerRuntime implements BrokerRuntimeApi {
     return brokerJobHandler({
       queue: this.required(name),
       handler,
+      maxBodyBytes: this.maxPayloadBytes,
       endConversation: async (handle) => {
         await this.driver.query(endClosedConversation(), { handle: { type: 'uniqueidentifier', value: handle } });
       },

@@ -220,6 +220,8 @@ export interface BrokerDeadMessage {
   attempts: number;
   lastError: string | null;
   deadAt: Date | null;
+  /** The body's size when it was too large to keep (over maxPayloadBytes): `body` is null then. */
+  droppedBytes: number | null;
 }
 
 export interface BrokerDeadMessagePage {
@@ -247,6 +249,12 @@ export interface BrokerQueueSnapshot {
   maxReceivers: number;
   /** Engine clock (ms) of the last activation, or null. */
   lastActivationAt: number | null;
+  /**
+   * Engine clock (ms) since which every receiver round failed (a move the server refuses each
+   * time, or no database), null while they succeed; and the last error then.
+   */
+  failingSince: number | null;
+  lastError: string | null;
   /** A BROKER_QUEUE_DISABLED event arrived and no later check saw the queue enabled. */
   disabledSeen: boolean;
   /** The queue's event notification was found missing or broken and is not recreated yet. */

@@ -11,14 +11,9 @@ import sql from 'mssql';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import type { ClaimedJob } from '../../../lib/src/core/types.js';
 import { createMssqlStore } from '../../../lib/src/store/mssql/mssql.connect.js';
-import {
-  MSSQL_LATEST_VERSION,
-  MSSQL_MIGRATIONS,
-  mssqlBootstrap,
-  mssqlRecordVersion,
-} from '../../../lib/src/store/mssql/mssql.migrations.js';
+import { MSSQL_LATEST_VERSION } from '../../../lib/src/store/mssql/mssql.migrations.js';
 import { uniqueSchema } from '../../helpers/databases.js';
-import { dropMssqlSchema, mssqlRows, openMssqlPool } from '../../helpers/mssql.js';
+import { dropMssqlSchema, mssqlRows, openMssqlPool, installMssqlSchemaUpTo } from '../../helpers/mssql.js';
 import { groupDisagreements, groupRow, insertPreGroupsJob } from '../../helpers/mssql-test-queries.js';
 import { describeEachMssqlDatabase } from './mssql-databases.js';
 
@@ -33,17 +28,7 @@ describeEachMssqlDatabase('upgrade to schema version 5 with grouped jobs in flig
   beforeAll(async () => {
     pool = await openMssqlPool(db.url, 2);
     // Version 4, as the previous release installed it.
-    const transaction = new sql.Transaction(pool);
-    await transaction.begin(sql.ISOLATION_LEVEL.READ_COMMITTED);
-    for (const batch of mssqlBootstrap(schema)) await new sql.Request(transaction).batch(batch);
-    for (const migration of MSSQL_MIGRATIONS.filter((m) => m.version <= 4)) {
-      for (const batch of migration.batches(schema)) await new sql.Request(transaction).batch(batch);
-      await new sql.Request(transaction)
-        .input('version', sql.Int, migration.version)
-        .input('description', sql.NVarChar(400), migration.description)
-        .query(mssqlRecordVersion(schema));
-    }
-    await transaction.commit();
+    await installMssqlSchemaUpTo(pool, schema, 4);
   });
 
   afterAll(async () => {

@@ -1,6 +1,6 @@
 /**
  * What only a real SQL Server can settle (review 2, "Facts only a real server can settle", items
- * 1-14), and what the Service Broker redesign of issue 21 relies on (a-j), one experiment each, on
+ * 1-14), and what the Service Broker redesign of issue 21 relies on (a-m), one experiment each, on
  * both databases (RCSI off and on).
  *
  * Each experiment records what the server did (console.info, one JSON line per fact, also put in
@@ -30,8 +30,13 @@
  *   that does not exist is an error): https://learn.microsoft.com/sql/t-sql/statements/receive-transact-sql
  * - GET CONVERSATION GROUP (locks the group; NULL after the timeout):
  *   https://learn.microsoft.com/sql/t-sql/statements/get-conversation-group-transact-sql
- * - END CONVERSATION (removes the conversation's messages from the queue; a SEND after it is an
- *   error): https://learn.microsoft.com/sql/t-sql/statements/end-conversation-transact-sql
+ * - END CONVERSATION (removes the conversation's messages from the queue; WITH ERROR drops its
+ *   messages still in the transmission queue; a SEND after it is an error):
+ *   https://learn.microsoft.com/sql/t-sql/statements/end-conversation-transact-sql
+ * - sys.conversation_endpoints (an endpoint that ended first is DO until the far side acknowledges,
+ *   then CD): https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-conversation-endpoints-transact-sql
+ * - XACT_STATE (1: the transaction can still commit; -1: only a full rollback is left):
+ *   https://learn.microsoft.com/sql/t-sql/functions/xact-state-transact-sql
  * - Error numbers 8426, 8427, 8429:
  *   https://learn.microsoft.com/sql/relational-databases/errors-events/database-engine-events-and-errors-8000-to-8999
  * - sys.dm_tran_locks (OBJECT resources name their object id; VIEW SERVER STATE):
@@ -96,7 +101,7 @@ import type {
   ResolvedBrokerQueue,
 } from '../../../lib/src/broker/broker.types.js';
 import type { QueueStore } from '../../../lib/src/core/queue-store.js';
-import { prepareJob } from '../../../lib/src/core/validation.js';
+import { prepareJob, DEFAULT_MAX_PAYLOAD_BYTES } from '../../../lib/src/core/validation.js';
 import { createMssqlStore } from '../../../lib/src/store/mssql/mssql.connect.js';
 import { SqlQueueTransactionError } from '../../../lib/src/core/errors.js';
 import {
@@ -134,6 +139,7 @@ import {
   DATETIME2_ROUNDING,
   DMV_READ,
   enablePoisonHandling,
+  END_AGAIN_AND_UNKNOWN_IN_TRANSACTION,
   enqueueNowOnClock,
   FOR_JSON_PROBE,
   groupRow,
@@ -146,8 +152,10 @@ import {
   messagesOfConversation,
   QUEUE_FLAGS,
   QUEUE_OBJECT_LOCKS,
+  queuedMessagesOfConversation,
   readyMessages,
   receiveAndGiveBack,
+  receiveFirstOfConversation,
   receiveGroupAfterEnd,
   receiveIntoTooFewColumns,
   receiveNext,
@@ -192,6 +200,9 @@ const Q = {
   cancel: 'cancel',
   endTwice: 'end_twice',
   schemaLock: 'schema_lock',
+  endDrops: 'end_drops',
+  errorEnd: 'error_end',
+  endInTransaction: 'end_in_tran',
 } as const;
 const POISON_ON_QUEUES = [Q.poisonOn, Q.perQueueOn, Q.perMessageOn, Q.waitedOn, Q.killOn];
 
@@ -263,6 +274,15 @@ type LocksReading = {
 };
 type MoveRow = { Received: number; Moved: number; Ended: number; Errors: string | null };
 type JobRow = { Id: string; State: string; GroupKey: string | null; Payload: string };
+type QueuedMessage = { Type: string; Sequence: string; QueuingOrder: string; Status: number };
+type EndInTransactionRow = {
+  AgainError: number;
+  AgainXactState: number | null;
+  UnknownError: number;
+  UnknownXactState: number | null;
+  XactState: number;
+  TranCount: number;
+};
 
 /** A dialog our test producer opened: the initiator's handle, and the target's handle and conversation group. */
 interface Dialog {
@@ -1030,7 +1050,7 @@ describeEachMssqlDatabase('facts only a real SQL Server can settle, and what the
     const mover = await openMssqlPool(db.url, 1);
     let moved: MoveRow | undefined;
     try {
-      [moved] = await run<MoveRow>(mover, moveMessages(schema, q), moveBind(q));
+      [moved] = await run<MoveRow>(mover, moveMessages(schema, q, DEFAULT_MAX_PAYLOAD_BYTES), moveBind(q));
     } finally {
       await mover.close();
     }
@@ -1427,7 +1447,7 @@ describeEachMssqlDatabase('facts only a real SQL Server can settle, and what the
     const q = queue(Q.types);
     const pool = await openMssqlPool(db.url, 1);
     try {
-      const moved = await outcome(run<MoveRow>(pool, moveMessages(schema, q), moveBind(q)));
+      const moved = await outcome(run<MoveRow>(pool, moveMessages(schema, q, DEFAULT_MAX_PAYLOAD_BYTES), moveBind(q)));
       const after = await sessionState(pool);
       const short = await outcome(run(pool, receiveIntoTooFewColumns(q.queue)));
       const observed = { moved: moved.ok ? moved.value : brief(moved), after, short: brief(short) };
@@ -1461,7 +1481,7 @@ describeEachMssqlDatabase('facts only a real SQL Server can settle, and what the
     const mover = await openMssqlPool(db.url, 1);
     let moved: MoveRow | undefined;
     try {
-      [moved] = await run<MoveRow>(mover, moveMessages(schema, q), moveBind(q));
+      [moved] = await run<MoveRow>(mover, moveMessages(schema, q, DEFAULT_MAX_PAYLOAD_BYTES), moveBind(q));
     } finally {
       await mover.close();
     }
@@ -1510,7 +1530,7 @@ describeEachMssqlDatabase('facts only a real SQL Server can settle, and what the
       let readyAfterFailure: number;
       try {
         await run(holder.transaction, holdJobsTable(schema));
-        failed = await outcome(run<MoveRow>(mover, moveMessages(schema, q), moveBind(q)));
+        failed = await outcome(run<MoveRow>(mover, moveMessages(schema, q, DEFAULT_MAX_PAYLOAD_BYTES), moveBind(q)));
         afterFailure = await sessionState(mover);
         readyAfterFailure = await ready(q.queue);
       } finally {
@@ -1532,7 +1552,7 @@ describeEachMssqlDatabase('facts only a real SQL Server can settle, and what the
       expect(jobsAfterFailure, failureSeen).toEqual([]);
       expect(failure.enabled, failureSeen).toBe(1);
 
-      const [moved] = await run<MoveRow>(mover, moveMessages(schema, q), moveBind(q));
+      const [moved] = await run<MoveRow>(mover, moveMessages(schema, q, DEFAULT_MAX_PAYLOAD_BYTES), moveBind(q));
       const after = await sessionState(mover);
       const moveJobs = await jobs(q.name);
       const byGroup = (group: string) =>
@@ -1790,5 +1810,205 @@ describeEachMssqlDatabase('facts only a real SQL Server can settle, and what the
       await reader.close();
       await alterPool.close();
     }
+  });
+
+  // ---- k -------------------------------------------------------------------------------------
+
+  /**
+   * The states of a target endpoint that ended before the initiator did: DISCONNECTED_OUTBOUND
+   * ("The local side of the conversation has issued an END CONVERSATION") until the initiator's
+   * side acknowledges it, then CLOSED (sys.conversation_endpoints); or the row is gone.
+   */
+  const ENDED_FIRST = ['DISCONNECTED_OUTBOUND', 'CLOSED'];
+
+  /** Messages of conversation `handle` (the target's) still in queue `name`, whatever their status. */
+  async function inQueueOf(name: string, handle: string): Promise<number> {
+    const [row] = await run<{ Messages: number }>(admin, messagesOfConversation(queue(name).queue), (r) =>
+      r.input('handle', sql.UniqueIdentifier, handle),
+    );
+    return Number(row?.Messages ?? 0);
+  }
+
+  async function queuedOf(name: string, handle: string): Promise<QueuedMessage[]> {
+    return run<QueuedMessage>(admin, queuedMessagesOfConversation(queue(name).queue), (r) =>
+      r.input('handle', sql.UniqueIdentifier, handle),
+    );
+  }
+
+  it("new design k: END CONVERSATION in a transaction deletes the conversation's messages not received yet: after RECEIVE TOP (1) of three, END CONVERSATION and COMMIT, the queue holds none of that conversation (why moveMessages RECEIVEs the rest of an ended conversation before it ends it)", async () => {
+    const q = queue(Q.endDrops);
+    const dialog = await openDialog(Q.endDrops, [{ n: 1 }, { n: 2 }, { n: 3 }]);
+    const ofTarget: Bind = (r) => r.input('handle', sql.UniqueIdentifier, dialog.target);
+    await waitFor(
+      () => inQueueOf(Q.endDrops, dialog.target),
+      (n) => n === 3,
+      { what: 'the three messages in the target queue' },
+    );
+    const before = await queuedOf(Q.endDrops, dialog.target);
+    const mover = await beginCallerTransaction(db.url);
+    let received: QueuedMessage[];
+    let committed: Outcome<void>;
+    try {
+      received = await run<QueuedMessage>(mover.transaction, receiveFirstOfConversation(q.queue), ofTarget);
+      await run(mover.transaction, END_CONVERSATION, ofTarget);
+      committed = await outcome(mover.commit());
+    } finally {
+      await mover.close();
+    }
+    const observed = {
+      before,
+      received,
+      committed: brief(committed),
+      left: await queuedOf(Q.endDrops, dialog.target),
+      endpoints: await endpointsOf(dialog.target),
+    };
+    log('new design k', observed);
+    const seen = JSON.stringify(observed);
+    expect(
+      before.map((m) => m.Type),
+      seen,
+    ).toEqual([q.messageType, q.messageType, q.messageType]);
+    expect(
+      received.map((m) => m.Type),
+      seen,
+    ).toEqual([q.messageType]);
+    expect(committed.ok, seen).toBe(true);
+    expect(observed.left, `END CONVERSATION left messages of the conversation in the queue: ${seen}`).toEqual([]);
+    expect(
+      observed.endpoints.filter((e) => e.Initiator === 0 && !ENDED_FIRST.includes(e.State)),
+      `our side is not ended: ${seen}`,
+    ).toEqual([]);
+  });
+
+  // ---- l -------------------------------------------------------------------------------------
+
+  it('new design l: on a conversation its initiator ended WITH ERROR after three messages, moves of one message each (messagesPerTransaction 1) take the three into ready jobs of one group in sequence order, end our side and leave the queue empty (observed: the sequence number the server gave the Error, and what each move answered)', async () => {
+    // moveMessages reads messagesPerTransaction from the resolved queue, as a queue declared with
+    // messagesPerTransaction: 1 resolves; the Service Broker objects are the scratch queue's.
+    const q: ResolvedBrokerQueue = { ...queue(Q.errorEnd), messagesPerTransaction: 1 };
+    const dialog = await openDialog(Q.errorEnd, [{ n: 1 }, { n: 2 }, { n: 3 }]);
+    // END CONVERSATION WITH ERROR "drops any other messages for this conversation currently in
+    // the transmission queue": all three must be in the target queue first.
+    await waitFor(
+      () => inQueueOf(Q.errorEnd, dialog.target),
+      (n) => n === 3,
+      { what: 'the three messages in the target queue' },
+    );
+    await run(admin, END_CONVERSATION_WITH_ERROR, (r) => r.input('handle', sql.UniqueIdentifier, dialog.initiator));
+    await waitFor(
+      () => inQueueOf(Q.errorEnd, dialog.target),
+      (n) => n === 4,
+      { what: 'the Error after the three messages' },
+    );
+    const queued = await queuedOf(Q.errorEnd, dialog.target);
+    const error = queued.find((m) => m.Type === BROKER_SYSTEM.ERROR);
+    const sequences = queued.filter((m) => m.Type === q.messageType).map((m) => BigInt(m.Sequence));
+    const mover = await openMssqlPool(db.url, 1);
+    const moves: MoveRow[] = [];
+    try {
+      // Four messages, one a move: five moves at most, the last one empty (ten: room to observe more).
+      for (let i = 0; i < 10; i++) {
+        const [moved] = await run<MoveRow>(mover, moveMessages(schema, q, DEFAULT_MAX_PAYLOAD_BYTES), moveBind(q));
+        moves.push(moved!);
+        if (Number(moved!.Received) === 0) break;
+      }
+    } finally {
+      await mover.close();
+    }
+    const moveJobs = await jobs(q.name);
+    const observed = {
+      queued,
+      errorSequence: error?.Sequence ?? null,
+      errorAfterEveryMessage: error ? sequences.every((s) => BigInt(error.Sequence) > s) : null,
+      moves,
+      jobs: moveJobs.map((j) => ({
+        id: j.Id,
+        state: j.State,
+        groupKey: j.GroupKey,
+        sequence: j.payload.sequence,
+        body: movedBody(j.payload),
+      })),
+      endpoints: await endpointsOf(dialog.target),
+      left: await queuedOf(Q.errorEnd, dialog.target),
+    };
+    log('new design l', observed);
+    const seen = JSON.stringify(observed);
+    expect(error, `no Error message in the target queue: ${seen}`).toBeDefined();
+    expect(sequences, seen).toHaveLength(3);
+    expect(Number(moves[moves.length - 1]!.Received), `still receiving after ten moves: ${seen}`).toBe(0);
+    expect(
+      moves.reduce((n, m) => n + Number(m.Moved), 0),
+      seen,
+    ).toBe(3);
+    expect(
+      moves.reduce((n, m) => n + Number(m.Ended), 0),
+      seen,
+    ).toBe(1);
+    expect(
+      moveJobs.map((j) => movedBody(j.payload)),
+      seen,
+    ).toEqual([{ n: 1 }, { n: 2 }, { n: 3 }]);
+    const jobSequences = moveJobs.map((j) => BigInt(j.payload.sequence));
+    expect(
+      jobSequences.every((s, i) => i === 0 || s > jobSequences[i - 1]!),
+      `jobs (in id order) out of sequence order: ${seen}`,
+    ).toBe(true);
+    for (const j of moveJobs) {
+      expect(j.State, seen).toBe('ready');
+      expect(j.GroupKey, `one group, the conversation group's: ${seen}`).toBe(dialog.group);
+      expect(j.payload.type, seen).toBe(q.messageType);
+      expect(j.payload.conversationHandle, seen).toBe(dialog.target);
+    }
+    expect(
+      observed.endpoints.filter((e) => e.Initiator === 0 && e.State !== 'CLOSED'),
+      `our side is not ended: ${seen}`,
+    ).toEqual([]);
+    expect(observed.left, seen).toEqual([]);
+  }, 60_000);
+
+  // ---- m -------------------------------------------------------------------------------------
+
+  it('new design m: in a transaction, END CONVERSATION in TRY/CATCH on a handle that never existed raises 8426 or 8427 and leaves XACT_STATE() 1 (as does ending again one it ended, if that raises at all), so a move tolerates it and goes on; the transaction then commits', async () => {
+    const q = queue(Q.endInTransaction);
+    const dialog = await openDialog(Q.endInTransaction, [{ n: 1 }]);
+    const caller = await beginCallerTransaction(db.url);
+    let inside: Outcome<EndInTransactionRow[]>;
+    let committed: Outcome<void> | null = null;
+    try {
+      inside = await outcome(
+        run<EndInTransactionRow>(caller.transaction, END_AGAIN_AND_UNKNOWN_IN_TRANSACTION, (r) =>
+          r.input('handle', sql.UniqueIdentifier, dialog.target),
+        ),
+      );
+      if (inside.ok) committed = await outcome(caller.commit());
+    } finally {
+      await caller.close();
+    }
+    const row = inside.ok ? inside.value[0] : undefined;
+    const observed = {
+      inside: inside.ok ? row : brief(inside),
+      committed: committed ? brief(committed) : null,
+      endpoints: await endpointsOf(dialog.target),
+      left: await queuedOf(Q.endInTransaction, dialog.target),
+      ready: await ready(q.queue),
+    };
+    log('new design m', observed);
+    const seen = JSON.stringify(observed);
+    // What moveMessages' CATCH lets pass, and only while XACT_STATE() = 1.
+    const tolerated = [MSSQL_HANDLE_NOT_FOUND, MSSQL_END_STATE_ERROR];
+    expect(inside.ok, seen).toBe(true);
+    expect(tolerated, `END CONVERSATION on a handle that never existed: ${seen}`).toContain(row!.UnknownError);
+    expect(row!.UnknownXactState, `the transaction after that error: ${seen}`).toBe(1);
+    expect([0, ...tolerated], `END CONVERSATION again on a handle ended in this transaction: ${seen}`).toContain(
+      row!.AgainError,
+    );
+    if (row!.AgainError !== 0) expect(row!.AgainXactState, `the transaction after that error: ${seen}`).toBe(1);
+    expect(row, seen).toMatchObject({ XactState: 1, TranCount: 1 });
+    expect(committed?.ok, `COMMIT after the tolerated errors: ${seen}`).toBe(true);
+    expect(
+      observed.endpoints.filter((e) => e.Initiator === 0 && !ENDED_FIRST.includes(e.State)),
+      `our side is not ended: ${seen}`,
+    ).toEqual([]);
+    expect(observed.left, seen).toEqual([]);
   });
 });

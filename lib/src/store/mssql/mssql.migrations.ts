@@ -35,6 +35,16 @@ export interface MssqlMigration {
 /** The tables whose every index keeps page locks off from version 10 on (READPAST reads them). */
 export const MSSQL_ROW_LOCKED_TABLES = ['Jobs', 'Groups', 'Schedules'] as const;
 
+/** Migration 11 keeps a dead message's body up to this many bytes (BROKER_MOVE_MAX_KEPT_BYTES, checked by a unit test). */
+export const MIGRATED_BODY_MAX_BYTES = 64 * 1024 * 1024;
+
+/**
+ * Migration 11's MaxAttempts of a moved dead message: a broker handler's default (5), or its
+ * attempts when more, so a retried one gets the runs a moved message gets (retryDead resets
+ * Attempts only), not the old row's count (0 for a message dead with its conversation).
+ */
+export const MIGRATED_MAX_ATTEMPTS = 5;
+
 export const MSSQL_MIGRATIONS: readonly MssqlMigration[] = [
   {
     version: 1,
@@ -513,7 +523,10 @@ WHERE h.[Nth] = 1;`,
     // retries, the dead state). The attempt journal of the old readers, which ran handlers inside
     // their RECEIVE transaction, has nothing left to journal; their dead messages become dead jobs
     // of their queue, in the payload a receiver writes (broker.job.ts: the body in base64), in the
-    // ordered group of their conversation group, and the dead table goes.
+    // ordered group of their conversation group, and the dead table goes. A body over 64 MiB (the
+    // ceiling of maxPayloadBytes; only a T-SQL sender could send one) keeps only its size, as a
+    // receiver's move does (broker.job.ts BROKER_MOVE_MAX_KEPT_BYTES): its base64 could not be
+    // read back into one Node string. The old readers must be stopped first: they use both tables.
     batches: (schema) => {
       const s = quoteMssqlIdentifier(schema);
       return [
@@ -531,10 +544,11 @@ BEGIN
                  CONVERT(nvarchar(36), d.[ConversationHandle]) AS [conversationHandle],
                  CONVERT(nvarchar(36), d.[ConversationGroupId]) AS [conversationGroupId],
                  CONVERT(varchar(20), d.[MessageSequenceNumber]) AS [sequence],
-                 d.[MessageBody] AS [body]
+                 CASE WHEN DATALENGTH(d.[MessageBody]) <= ${MIGRATED_BODY_MAX_BYTES} THEN d.[MessageBody] END AS [body],
+                 CASE WHEN DATALENGTH(d.[MessageBody]) > ${MIGRATED_BODY_MAX_BYTES} THEN DATALENGTH(d.[MessageBody]) END AS [droppedBytes]
           FOR JSON PATH, WITHOUT_ARRAY_WRAPPER),
          0, d.[DeadAt], CONVERT(nvarchar(36), d.[ConversationGroupId]), d.[Attempts],
-         CASE WHEN d.[Attempts] < 1 THEN 1 ELSE d.[Attempts] END, d.[DeadAt], d.[DeadAt],
+         CASE WHEN d.[Attempts] < ${MIGRATED_MAX_ATTEMPTS} THEN ${MIGRATED_MAX_ATTEMPTS} ELSE d.[Attempts] END, d.[DeadAt], d.[DeadAt],
          COALESCE(d.[LastError], CONCAT(N'dead: ', d.[Reason]))
   FROM ${s}.[BrokerDead] AS d;
 END;`,
@@ -546,7 +560,6 @@ END;`,
 
 export const MSSQL_LATEST_VERSION = MSSQL_MIGRATIONS[MSSQL_MIGRATIONS.length - 1]!.version;
 
-/** Objects needed before the version can be read; safe to repeat. */
 /**
  * What a login needs to run the store once the schema is installed (claims, completions, the
  * reaper, retention, enqueues, schedules; not migrations), as GRANT statements for `principal`
@@ -566,6 +579,7 @@ export function mssqlRuntimeGrants(schema: string, principal: string): string[] 
   ];
 }
 
+/** Objects needed before the version can be read; safe to repeat. */
 export function mssqlBootstrap(schema: string): string[] {
   const s = quoteMssqlIdentifier(schema);
   return [
