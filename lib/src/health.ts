@@ -8,5 +8,5 @@ export type {
   SqlQueueConsumerCheckOptions,
   SqlQueueDatabaseCheckOptions,
 } from './nest/health/sql-queue-health.indicator.js';
-export { assessConsumerLiveness, defaultStalledAfterMs, MIN_STALLED_AFTER_MS } from './core/consumer-liveness.js';
-export type { ConsumerLiveness, QueueLiveness } from './core/consumer-liveness.js';
+export { assessConsumerLiveness, defaultStalledAfterMs, MIN_STALLED_AFTER_MS } from './core/consumer/index.js';
+export type { ConsumerLiveness, QueueLiveness } from './core/consumer/index.js';

@@ -36,16 +36,16 @@ export type {
   SqlQueueScheduleReading,
   SqlQueueScheduleTicks,
 } from './nest/sql-queue.metrics.js';
-export { DEFAULT_LATENCY_BUCKETS_SECONDS } from './core/queue-metrics.js';
+export { DEFAULT_LATENCY_BUCKETS_SECONDS } from './core/metrics/index.js';
 export type {
   BrokerEventFigures,
   HistogramSnapshot,
   MetricsOptions,
   QueueEventFigures,
   QueueHealthReading,
-} from './core/queue-metrics.js';
+} from './core/metrics/index.js';
 
-export type { JobContext, JobHandler } from './core/handler.js';
+export type { JobContext, JobHandler } from './core/consumer/index.js';
 export type {
   ScheduleCatchUp,
   ScheduleDefinition,
@@ -55,12 +55,12 @@ export type {
   ScheduleTick,
 } from './core/schedules/schedule.types.js';
 export { SqlQueueSchedulerHost } from './nest/schedules.host.js';
-export type { EnqueueCallOptions, EnqueueItem } from './core/producer.js';
+export type { EnqueueCallOptions, EnqueueItem } from './core/producer/index.js';
 export type { BackoffOption } from './core/backoff.js';
 export type { QueueOptions, ConsumerOptions, ReaperOptions, RetentionOptions } from './core/options.js';
 export type { QueueEventListener } from './core/events.js';
-export type { ConsumerSnapshot } from './core/consumer.js';
-export type { QueueConsumerSnapshot } from './core/queue-consumer.js';
+export type { ConsumerSnapshot } from './core/consumer/index.js';
+export type { QueueConsumerSnapshot } from './core/consumer/index.js';
 export type { QueueStore, Dialect, MigrationMode } from './core/queue-store.js';
 export type { SqlQueueConnection } from './store/create-store.js';
 export { mssqlConfigFromUrl } from './store/mssql/mssql.config.js';

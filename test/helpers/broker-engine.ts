@@ -9,7 +9,7 @@ import { BrokerConsumer } from '../../lib/src/broker/broker.consumer.js';
 import { brokerJobHandler } from '../../lib/src/broker/broker.job.js';
 import type { BrokerHandler, ResolvedBrokerQueue } from '../../lib/src/broker/broker.types.js';
 import { systemClock } from '../../lib/src/core/clock.js';
-import { SqlQueueConsumer } from '../../lib/src/core/consumer.js';
+import { SqlQueueConsumer } from '../../lib/src/core/consumer/consumer.js';
 import type { QueueEventListener } from '../../lib/src/core/events.js';
 import { silentLogger, type QueueLogger } from '../../lib/src/core/logger.js';
 import { resolveConsumerOptions, resolveQueueOptions, type QueueOptions } from '../../lib/src/core/options.js';

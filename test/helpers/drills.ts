@@ -1,6 +1,6 @@
 import { sql } from './databases.js';
 import type { QueueStore } from '../../lib/src/core/queue-store.js';
-import { prepareJob } from '../../lib/src/core/validation.js';
+import { prepareJob } from '../../lib/src/core/producer/job-validation.js';
 
 /** Enqueues one job per idempotency key (payload { n }) and returns their ids in order. */
 export async function enqueueKeys(store: QueueStore, queue: string, keys: readonly string[]): Promise<string[]> {

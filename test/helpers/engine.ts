@@ -1,6 +1,6 @@
 import { afterEach, beforeEach } from 'vitest';
 import type { Clock } from '../../lib/src/core/clock.js';
-import type { ConsumerDeps } from '../../lib/src/core/consumer.js';
+import type { ConsumerDeps } from '../../lib/src/core/consumer/consumer.js';
 import { silentLogger, type QueueLogger } from '../../lib/src/core/logger.js';
 import {
   resolveConsumerOptions,
@@ -8,7 +8,7 @@ import {
   type QueueOptions,
   type ResolvedQueueOptions,
 } from '../../lib/src/core/options.js';
-import type { QueueConsumerDeps } from '../../lib/src/core/queue-consumer.js';
+import type { QueueConsumerDeps } from '../../lib/src/core/consumer/queue-consumer.js';
 import type { QueueStore } from '../../lib/src/core/queue-store.js';
 import type { ClaimedJob, HeartbeatItem, OwnedJob } from '../../lib/src/core/types.js';
 import { WakeBus } from '../../lib/src/core/wake.js';

@@ -1,7 +1,7 @@
 import pg from 'pg';
 import type { QueueStore } from '../../lib/src/core/queue-store.js';
 import type { ClaimedJob, EnqueueOptions, NewJob, OwnedJob } from '../../lib/src/core/types.js';
-import { prepareJob } from '../../lib/src/core/validation.js';
+import { prepareJob } from '../../lib/src/core/producer/job-validation.js';
 import { sql } from './databases.js';
 
 /**

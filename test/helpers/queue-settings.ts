@@ -1,5 +1,5 @@
 import type { QueueStore } from '../../lib/src/core/queue-store.js';
-import { prepareJob } from '../../lib/src/core/validation.js';
+import { prepareJob } from '../../lib/src/core/producer/job-validation.js';
 
 /**
  * Records a queue's maxAttempts as a booting consumer does, enqueues a job without its own as a

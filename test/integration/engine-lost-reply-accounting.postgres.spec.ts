@@ -1,11 +1,11 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { systemClock } from '../../lib/src/core/clock.js';
-import { SqlQueueConsumer } from '../../lib/src/core/consumer.js';
-import type { JobContext } from '../../lib/src/core/handler.js';
+import { SqlQueueConsumer } from '../../lib/src/core/consumer/consumer.js';
+import type { JobContext } from '../../lib/src/core/consumer/handler.js';
 import type { QueueEventListener } from '../../lib/src/core/events.js';
 import type { QueueOptions } from '../../lib/src/core/options.js';
 import type { QueueStore } from '../../lib/src/core/queue-store.js';
-import { prepareJob } from '../../lib/src/core/validation.js';
+import { prepareJob } from '../../lib/src/core/producer/job-validation.js';
 import { createPostgresStore } from '../../lib/src/store/postgres/postgres.connect.js';
 import { dropPgSchema, PG_URL, uniqueSchema } from '../helpers/databases.js';
 import { capturingLogger, consumerDeps, queueOptions, untilAborted } from '../helpers/engine.js';

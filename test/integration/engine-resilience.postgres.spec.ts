@@ -1,10 +1,10 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { systemClock } from '../../lib/src/core/clock.js';
-import { SqlQueueConsumer } from '../../lib/src/core/consumer.js';
+import { SqlQueueConsumer } from '../../lib/src/core/consumer/consumer.js';
 import { silentLogger } from '../../lib/src/core/logger.js';
 import { resolveConsumerOptions, resolveQueueOptions, type QueueOptions } from '../../lib/src/core/options.js';
 import type { QueueStore } from '../../lib/src/core/queue-store.js';
-import { prepareJob } from '../../lib/src/core/validation.js';
+import { prepareJob } from '../../lib/src/core/producer/job-validation.js';
 import { WakeBus } from '../../lib/src/core/wake.js';
 import { createPostgresStore } from '../../lib/src/store/postgres/postgres.connect.js';
 import { dropPgSchema, PG_URL, uniqueSchema } from '../helpers/databases.js';

@@ -1,7 +1,7 @@
 import pg from 'pg';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { SqlQueueClosedError } from '../../lib/src/core/errors.js';
-import { QueueProducerCore } from '../../lib/src/core/producer.js';
+import { QueueProducerCore } from '../../lib/src/core/producer/producer.js';
 import type { EnqueueResult } from '../../lib/src/core/types.js';
 import { WakeBus } from '../../lib/src/core/wake.js';
 import { QueueProducer } from '../../lib/src/index.js';

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { systemClock } from '../../lib/src/core/clock.js';
-import { SqlQueueConsumer } from '../../lib/src/core/consumer.js';
+import { SqlQueueConsumer } from '../../lib/src/core/consumer/consumer.js';
 import { silentLogger } from '../../lib/src/core/logger.js';
 import { resolveConsumerOptions, resolveQueueOptions, type QueueOptions } from '../../lib/src/core/options.js';
 import { WakeBus } from '../../lib/src/core/wake.js';

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { prepareJob } from '../../lib/src/core/validation.js';
+import { prepareJob } from '../../lib/src/core/producer/job-validation.js';
 import { createPostgresStore } from '../../lib/src/store/postgres/postgres.connect.js';
 import type { PostgresQueueStore } from '../../lib/src/store/postgres/postgres.store.js';
 import { dropPgSchema, PG_URL, uniqueSchema } from '../helpers/databases.js';

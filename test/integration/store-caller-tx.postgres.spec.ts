@@ -1,7 +1,7 @@
 import pg from 'pg';
 import { expect, it } from 'vitest';
 import { SqlQueueValidationError } from '../../lib/src/core/errors.js';
-import { prepareJob } from '../../lib/src/core/validation.js';
+import { prepareJob } from '../../lib/src/core/producer/job-validation.js';
 import { PG_URL } from '../helpers/databases.js';
 import { migratedPgStore } from '../helpers/pg-store.js';
 

@@ -1,7 +1,7 @@
 import pg from 'pg';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { pgQueries } from '../../lib/src/store/postgres/postgres.queries.js';
-import { prepareJob } from '../../lib/src/core/validation.js';
+import { prepareJob } from '../../lib/src/core/producer/job-validation.js';
 import { PG_URL, sql } from '../helpers/databases.js';
 import { migratedPgStore } from '../helpers/pg-store.js';
 import { waitFor } from '../helpers/wait-for.js';

@@ -1,6 +1,6 @@
 import pg from 'pg';
 import { expect, it } from 'vitest';
-import { prepareJob } from '../../lib/src/core/validation.js';
+import { prepareJob } from '../../lib/src/core/producer/job-validation.js';
 import { createPostgresStore } from '../../lib/src/store/postgres/postgres.connect.js';
 import { dropPgSchema, PG_URL, sql, uniqueSchema } from '../helpers/databases.js';
 import { describeStoreContract } from './store-contract.js';

@@ -19,7 +19,7 @@ import {
   type ThroughputCount,
 } from '../../lib/src/core/types.js';
 import { withTimeout } from '../../lib/src/core/timeout.js';
-import { prepareJob } from '../../lib/src/core/validation.js';
+import { prepareJob } from '../../lib/src/core/producer/job-validation.js';
 import { uniqueSchema } from '../helpers/databases.js';
 import { fireNextHour, keyedAsTick, later, tickJob } from '../helpers/schedules.js';
 import { waitFor } from '../helpers/wait-for.js';

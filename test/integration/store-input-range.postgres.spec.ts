@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, expect, it } from 'vitest';
-import { QueueProducerCore } from '../../lib/src/core/producer.js';
+import { QueueProducerCore } from '../../lib/src/core/producer/producer.js';
 import { SqlQueueValidationError } from '../../lib/src/core/errors.js';
 import { WakeBus } from '../../lib/src/core/wake.js';
 import { createPostgresStore } from '../../lib/src/store/postgres/postgres.connect.js';

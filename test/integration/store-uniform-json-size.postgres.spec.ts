@@ -1,5 +1,5 @@
 import { expect, it } from 'vitest';
-import { prepareJob } from '../../lib/src/core/validation.js';
+import { prepareJob } from '../../lib/src/core/producer/job-validation.js';
 import { migratedPgStore } from '../helpers/pg-store.js';
 
 // Regression, found in review. Before the fix, the uniform bulk statement took one jsonb document,

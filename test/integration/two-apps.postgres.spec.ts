@@ -1,7 +1,7 @@
 import pg from 'pg';
 import { afterAll, afterEach, expect, it } from 'vitest';
 import { createPostgresStore } from '../../lib/src/store/postgres/postgres.connect.js';
-import { prepareJob } from '../../lib/src/core/validation.js';
+import { prepareJob } from '../../lib/src/core/producer/job-validation.js';
 import { dropPgSchema, PG_URL, uniqueSchema } from '../helpers/databases.js';
 import { waitFor } from '../helpers/wait-for.js';
 import { createEffectTables, killAllWorkers, WorkerProcess } from '../helpers/worker-process.js';

@@ -1,9 +1,9 @@
 import { afterAll, it } from 'vitest';
 import { systemClock } from '../../lib/src/core/clock.js';
-import { SqlQueueConsumer } from '../../lib/src/core/consumer.js';
+import { SqlQueueConsumer } from '../../lib/src/core/consumer/consumer.js';
 import { silentLogger } from '../../lib/src/core/logger.js';
 import { resolveConsumerOptions, resolveQueueOptions } from '../../lib/src/core/options.js';
-import { QueueProducerCore } from '../../lib/src/core/producer.js';
+import { QueueProducerCore } from '../../lib/src/core/producer/producer.js';
 import { RemoteWaker, WakeBus } from '../../lib/src/core/wake.js';
 import { createPostgresStore } from '../../lib/src/store/postgres/postgres.connect.js';
 import { dropPgSchema, PG_URL, uniqueSchema } from '../helpers/databases.js';

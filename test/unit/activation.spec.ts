@@ -1,7 +1,12 @@
 import { afterEach, describe, expect, it } from 'vitest';
-import { autoPrefetch, claimSize, readersToStart, shouldRetireAfterEmptyClaim } from '../../lib/src/core/activation.js';
+import {
+  autoPrefetch,
+  claimSize,
+  readersToStart,
+  shouldRetireAfterEmptyClaim,
+} from '../../lib/src/core/consumer/activation.js';
 import type { QueueOptions } from '../../lib/src/core/options.js';
-import { QueueConsumer } from '../../lib/src/core/queue-consumer.js';
+import { QueueConsumer } from '../../lib/src/core/consumer/queue-consumer.js';
 import { engineDeps, queueOptions } from '../helpers/engine.js';
 import { FakeClock } from '../helpers/fake-clock.js';
 import { MemoryStore } from '../helpers/memory-store.js';

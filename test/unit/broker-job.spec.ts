@@ -10,7 +10,7 @@ import {
 import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
 import type { BrokerMessageContext, BrokerBodyFormat } from '../../lib/src/broker/broker.types.js';
 import { SqlQueueUnrecoverableError } from '../../lib/src/core/errors.js';
-import type { JobContext } from '../../lib/src/core/handler.js';
+import type { JobContext } from '../../lib/src/core/consumer/handler.js';
 import type { JobRecord } from '../../lib/src/core/types.js';
 import { brokerJobPayload } from '../helpers/pg-broker-double.js';
 import { deadJobRecord } from '../helpers/job-records.js';

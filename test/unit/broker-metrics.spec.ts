@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import type { BrokerRuntimeApi, BrokerSnapshot } from '../../lib/src/broker/broker.types.js';
 import type { QueueEventListener } from '../../lib/src/core/events.js';
 import { safeEmit } from '../../lib/src/core/events.js';
-import { resolveMetricsOptions } from '../../lib/src/core/queue-metrics.js';
+import { resolveMetricsOptions } from '../../lib/src/core/metrics/queue-metrics.js';
 import type { SqlQueueConsumerHost } from '../../lib/src/index.js';
 import { SqlQueueMetrics } from '../../lib/src/index.js';
 import type { SqlQueueRuntime } from '../../lib/src/nest/sql-queue.runtime.js';

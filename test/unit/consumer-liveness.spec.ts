@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
-import { assessConsumerLiveness, defaultStalledAfterMs } from '../../lib/src/core/consumer-liveness.js';
-import type { ConsumerSnapshot } from '../../lib/src/core/consumer.js';
-import type { QueueConsumerSnapshot } from '../../lib/src/core/queue-consumer.js';
+import { assessConsumerLiveness, defaultStalledAfterMs } from '../../lib/src/core/consumer/consumer-liveness.js';
+import type { ConsumerSnapshot } from '../../lib/src/core/consumer/consumer.js';
+import type { QueueConsumerSnapshot } from '../../lib/src/core/consumer/queue-consumer.js';
 
 const NOW = 1_000_000;
 

@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { systemClock } from '../../lib/src/core/clock.js';
-import { QueueConsumer } from '../../lib/src/core/queue-consumer.js';
+import { QueueConsumer } from '../../lib/src/core/consumer/queue-consumer.js';
 import type { OwnedJob } from '../../lib/src/core/types.js';
 import { capturingLogger, engineDeps, queueOptions } from '../helpers/engine.js';
 import { MemoryStore } from '../helpers/memory-store.js';

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { safeEmit, type QueueEventListener } from '../../lib/src/core/events.js';
-import { QueueConsumer } from '../../lib/src/core/queue-consumer.js';
+import { QueueConsumer } from '../../lib/src/core/consumer/queue-consumer.js';
 import { engineDeps, queueOptions, recordUnhandledRejections, stopOnFakeClock } from '../helpers/engine.js';
 import { FakeClock, settle } from '../helpers/fake-clock.js';
 import { MemoryStore } from '../helpers/memory-store.js';

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { QueueConsumer } from '../../lib/src/core/queue-consumer.js';
+import { QueueConsumer } from '../../lib/src/core/consumer/queue-consumer.js';
 import type { HeartbeatItem, OwnedJob } from '../../lib/src/core/types.js';
 import { engineDeps, queueOptions, stopOnFakeClock } from '../helpers/engine.js';
 import { FakeClock } from '../helpers/fake-clock.js';

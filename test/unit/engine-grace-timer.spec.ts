@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import type { JobContext } from '../../lib/src/core/handler.js';
-import { QueueConsumer } from '../../lib/src/core/queue-consumer.js';
+import type { JobContext } from '../../lib/src/core/consumer/handler.js';
+import { QueueConsumer } from '../../lib/src/core/consumer/queue-consumer.js';
 import { engineDeps, pendingTimers, queueOptions, untilAborted } from '../helpers/engine.js';
 import { FakeClock } from '../helpers/fake-clock.js';
 import { MemoryStore } from '../helpers/memory-store.js';

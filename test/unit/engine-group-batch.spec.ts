@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
-import { QueueConsumer } from '../../lib/src/core/queue-consumer.js';
+import { QueueConsumer } from '../../lib/src/core/consumer/queue-consumer.js';
 import type { ClaimedJob, FailItem, OwnedJob } from '../../lib/src/core/types.js';
 import { claimedJob, engineDeps, queueOptions, stopOnFakeClock } from '../helpers/engine.js';
 import { FakeClock } from '../helpers/fake-clock.js';

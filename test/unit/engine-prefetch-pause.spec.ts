@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { silentLogger, type QueueLogger } from '../../lib/src/core/logger.js';
-import { QueueConsumer } from '../../lib/src/core/queue-consumer.js';
+import { QueueConsumer } from '../../lib/src/core/consumer/queue-consumer.js';
 import { capturingLogger, engineDeps, queueOptions, stopOnFakeClock } from '../helpers/engine.js';
 import { FakeClock, settle } from '../helpers/fake-clock.js';
 import { MemoryStore } from '../helpers/memory-store.js';

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { QueueConsumer } from '../../lib/src/core/queue-consumer.js';
+import { QueueConsumer } from '../../lib/src/core/consumer/queue-consumer.js';
 import { capturingLogger, engineDeps, queueOptions } from '../helpers/engine.js';
 import { FakeClock } from '../helpers/fake-clock.js';
 import { deferred } from '../helpers/wait-for.js';

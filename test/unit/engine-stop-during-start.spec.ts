@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { SqlQueueConsumer } from '../../lib/src/core/consumer.js';
+import { SqlQueueConsumer } from '../../lib/src/core/consumer/consumer.js';
 import { consumerDeps, pendingTimers, queueOptions } from '../helpers/engine.js';
 import { FakeClock } from '../helpers/fake-clock.js';
 import { MemoryStore } from '../helpers/memory-store.js';

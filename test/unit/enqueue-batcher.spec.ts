@@ -1,11 +1,11 @@
 import { describe, expect, it } from 'vitest';
-import { EnqueueBatcher, type BatchTimers } from '../../lib/src/core/enqueue-batcher.js';
+import { EnqueueBatcher, type BatchTimers } from '../../lib/src/core/producer/enqueue-batcher.js';
 import { SqlQueueClosedError } from '../../lib/src/core/errors.js';
 import { SqlQueueValidationError } from '../../lib/src/core/errors.js';
-import { QueueProducerCore } from '../../lib/src/core/producer.js';
+import { QueueProducerCore } from '../../lib/src/core/producer/producer.js';
 import type { QueueStore } from '../../lib/src/core/queue-store.js';
 import type { EnqueueResult, NewJob } from '../../lib/src/core/types.js';
-import { prepareJob } from '../../lib/src/core/validation.js';
+import { prepareJob } from '../../lib/src/core/producer/job-validation.js';
 import { WakeBus } from '../../lib/src/core/wake.js';
 import { FakeClock, settle } from '../helpers/fake-clock.js';
 import { deferred } from '../helpers/wait-for.js';

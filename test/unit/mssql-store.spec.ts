@@ -2,7 +2,7 @@ import sql from 'mssql';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { SqlQueueError, SqlQueueTransactionError, SqlQueueValidationError } from '../../lib/src/core/errors.js';
 import { DONE_SCAN_LIMIT, THROUGHPUT_RETENTION_MS, type JobState } from '../../lib/src/core/types.js';
-import { prepareJob } from '../../lib/src/core/validation.js';
+import { prepareJob } from '../../lib/src/core/producer/job-validation.js';
 import {
   MSSQL_LATEST_VERSION,
   MSSQL_MIGRATIONS,

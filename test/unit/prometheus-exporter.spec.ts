@@ -1,7 +1,11 @@
 import { Registry } from 'prom-client';
 import { describe, expect, it } from 'vitest';
 import type { QueueEventListener } from '../../lib/src/core/events.js';
-import { QueueEventMetrics, resolveMetricsOptions, type QueueHealthReading } from '../../lib/src/core/queue-metrics.js';
+import {
+  QueueEventMetrics,
+  resolveMetricsOptions,
+  type QueueHealthReading,
+} from '../../lib/src/core/metrics/queue-metrics.js';
 import { SqlQueueMetrics, type SqlQueueScheduleReading } from '../../lib/src/index.js';
 import { SqlQueuePrometheusExporter } from '../../lib/src/prometheus.js';
 import { parsePrometheusText, sampleValue } from '../helpers/prometheus-text.js';

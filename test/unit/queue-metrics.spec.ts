@@ -7,7 +7,7 @@ import {
   QueueEventMetrics,
   QueueHealthReader,
   resolveMetricsOptions,
-} from '../../lib/src/core/queue-metrics.js';
+} from '../../lib/src/core/metrics/queue-metrics.js';
 import type { QueueHealth, QueueHealthRequest } from '../../lib/src/core/types.js';
 import { deferred } from '../helpers/wait-for.js';
 

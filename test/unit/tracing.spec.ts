@@ -1,7 +1,7 @@
 import { describe, expect, it, vi } from 'vitest';
 import { SqlQueueConfigError } from '../../lib/src/core/errors.js';
-import { QueueProducerCore } from '../../lib/src/core/producer.js';
-import { QueueConsumer } from '../../lib/src/core/queue-consumer.js';
+import { QueueProducerCore } from '../../lib/src/core/producer/producer.js';
+import { QueueConsumer } from '../../lib/src/core/consumer/queue-consumer.js';
 import type { QueueStore } from '../../lib/src/core/queue-store.js';
 import {
   decodeTraceCarrier,
@@ -11,7 +11,7 @@ import {
   type QueueTracer,
 } from '../../lib/src/core/tracing.js';
 import type { ClaimedJob, EnqueueResult, NewJob, ReapedJob } from '../../lib/src/core/types.js';
-import { prepareJob, withTraceContext } from '../../lib/src/core/validation.js';
+import { prepareJob, withTraceContext } from '../../lib/src/core/producer/job-validation.js';
 import { WakeBus } from '../../lib/src/core/wake.js';
 import { loadQueueTracer } from '../../lib/src/tracing/tracing.loader.js';
 import { claimedJob, engineDeps, queueOptions, stopOnFakeClock, TokenStore } from '../helpers/engine.js';

@@ -1,9 +1,10 @@
 import { describe, expect, it } from 'vitest';
 import { SqlQueueConfigError, SqlQueueValidationError } from '../../lib/src/core/errors.js';
 import { resolveConsumerOptions, resolveQueueOptions, validateQueueMap } from '../../lib/src/core/options.js';
-import { QueueProducerCore } from '../../lib/src/core/producer.js';
+import { QueueProducerCore } from '../../lib/src/core/producer/producer.js';
 import type { QueueStore } from '../../lib/src/core/queue-store.js';
-import { assertSchemaName, nearestName, prepareJob } from '../../lib/src/core/validation.js';
+import { assertSchemaName, nearestName } from '../../lib/src/core/validation.js';
+import { prepareJob } from '../../lib/src/core/producer/job-validation.js';
 import { WakeBus } from '../../lib/src/core/wake.js';
 import { createQueueStore } from '../../lib/src/store/create-store.js';
 import { assertMssqlSchemaName } from '../../lib/src/store/mssql/mssql.identifiers.js';

@@ -1,4 +1,4 @@
-import { readersToStart, shouldRetireAfterEmptyClaim } from '../core/activation.js';
+import { readersToStart, shouldRetireAfterEmptyClaim } from '../core/consumer/index.js';
 import { PollBackoff } from '../core/backoff.js';
 import { systemClock, type Clock } from '../core/clock.js';
 import { SqlQueueConfigError } from '../core/errors.js';
@@ -57,7 +57,7 @@ export interface BrokerQueueReadersDeps {
 /**
  * The readers of one broker queue in this process (its receivers, or an initiator queue's
  * reader), between a minimum and a maximum by the table queue's activation rule
- * (core/activation.ts, seed 003): an activation (a QUEUE_ACTIVATION notification or the slow
+ * (core/consumer/activation.ts, seed 003): an activation (a QUEUE_ACTIVATION notification or the slow
  * poll) starts one reader while fewer than the maximum run, and a reader whose wait came back
  * empty retires while more than the minimum run.
  */

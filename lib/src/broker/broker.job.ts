@@ -1,5 +1,5 @@
 import { SqlQueueUnrecoverableError } from '../core/errors.js';
-import type { JobContext, JobHandler } from '../core/handler.js';
+import type { JobContext, JobHandler } from '../core/consumer/index.js';
 import type { JobRecord } from '../core/types.js';
 import { decodeBrokerBody, parseBrokerJson, SqlQueueBrokerBodyError } from './broker.body.js';
 import type {

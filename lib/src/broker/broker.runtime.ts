@@ -1,9 +1,9 @@
 import { systemClock, type Clock } from '../core/clock.js';
 import { SqlQueueConfigError, SqlQueueValidationError } from '../core/errors.js';
 import type { QueueEventListener } from '../core/events.js';
-import type { JobHandler } from '../core/handler.js';
+import type { JobHandler } from '../core/consumer/index.js';
 import type { QueueLogger } from '../core/logger.js';
-import { assertJobId } from '../core/producer.js';
+import { assertJobId } from '../core/producer/index.js';
 import { settleWithin } from '../core/timeout.js';
 import { assertInteger } from '../core/validation.js';
 import type { MssqlQueueStore } from '../store/mssql/mssql.store.js';

@@ -1,4 +1,4 @@
-import type { JobContext, JobHandler } from '../core/handler.js';
+import type { JobContext, JobHandler } from '../core/consumer/index.js';
 import type { QueueOptions } from '../core/options.js';
 
 // Service Broker transport: the shapes every part of lib/src/broker/ shares. Nothing here loads

@@ -1,8 +1,8 @@
 import { Inject, Injectable, NotFoundException, type OnModuleInit } from '@nestjs/common';
 import { ModuleRef } from '@nestjs/core';
 import { SqlQueueConfigError, SqlQueueValidationError } from '../core/errors.js';
-import { checkJobListRequest } from '../core/job-list-cursor.js';
-import { assertJobId } from '../core/producer.js';
+import { checkJobListRequest } from '../core/listing/index.js';
+import { assertJobId } from '../core/producer/index.js';
 import { THROUGHPUT_MAX_MINUTES } from '../core/throughput/index.js';
 import type { ScheduleRecord } from '../core/schedules/schedule.types.js';
 import type {

@@ -7,7 +7,7 @@ import {
   type OnModuleInit,
 } from '@nestjs/common';
 import { systemClock } from '../core/clock.js';
-import { SqlQueueConsumer, type ConsumerSnapshot } from '../core/consumer.js';
+import { SqlQueueConsumer, type ConsumerSnapshot } from '../core/consumer/index.js';
 import type { ResolvedQueueOptions } from '../core/options.js';
 import { splitHandlers } from './broker-handlers.js';
 import { declaredHandlers, type BrokerMessageHandler } from './queue-handler.decorator.js';

@@ -9,7 +9,7 @@ import {
 import { SchedulerRegistry } from '@nestjs/schedule';
 import { SqlQueueConfigError } from '../core/errors.js';
 import { ThrottledErrorLog } from '../core/logger.js';
-import { cleanupFinishedJobs, reapExpiredLeases, repairGroups } from '../core/maintenance.js';
+import { cleanupFinishedJobs, reapExpiredLeases, repairGroups } from '../core/maintenance/index.js';
 import { settleWithin } from '../core/timeout.js';
 import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
 import type { SqlQueueRuntime } from './sql-queue.runtime.js';

@@ -1,6 +1,6 @@
 import { DiscoveryService } from '@nestjs/core';
 import { SqlQueueConfigError } from '../core/errors.js';
-import type { JobContext } from '../core/handler.js';
+import type { JobContext } from '../core/consumer/index.js';
 import type { BrokerMessageContext } from '../broker/broker.types.js';
 import { validateQueueOptions, type QueueOptions } from '../core/options.js';
 import { assertQueueName } from '../core/validation.js';

@@ -1,5 +1,5 @@
 import { Inject, Injectable } from '@nestjs/common';
-import type { EnqueueCallOptions, EnqueueItem } from '../core/producer.js';
+import type { EnqueueCallOptions, EnqueueItem } from '../core/producer/index.js';
 import type {
   AttemptRecord,
   BlockedGroupPage,

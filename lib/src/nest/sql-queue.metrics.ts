@@ -12,7 +12,7 @@ import {
   type QueueEventFigures,
   type QueueHealthReading,
   type ResolvedMetricsOptions,
-} from '../core/queue-metrics.js';
+} from '../core/metrics/index.js';
 import type { QueueHealth } from '../core/types.js';
 import { assertQueueName } from '../core/validation.js';
 import { SqlQueueConsumerHost } from './consumer.host.js';

@@ -14,7 +14,7 @@ import {
   type RetentionOptions,
 } from '../core/options.js';
 import type { MigrationMode } from '../core/queue-store.js';
-import { resolveMetricsOptions, type MetricsOptions, type ResolvedMetricsOptions } from '../core/queue-metrics.js';
+import { resolveMetricsOptions, type MetricsOptions, type ResolvedMetricsOptions } from '../core/metrics/index.js';
 import {
   assertBoolean,
   assertInteger,
@@ -25,7 +25,7 @@ import {
 } from '../core/validation.js';
 import { DEFAULT_WAKE_INTERVAL_MS } from '../core/wake.js';
 import { DEFAULT_THROUGHPUT_FLUSH_MS } from '../core/throughput/index.js';
-import { ENQUEUE_CHUNK } from '../core/producer.js';
+import { ENQUEUE_CHUNK } from '../core/producer/index.js';
 import type { SqlQueueConnection } from '../store/create-store.js';
 import { resolveBrokerOptions } from '../broker/broker.options.js';
 import type { BrokerOptions, ResolvedBrokerOptions } from '../broker/broker.types.js';

@@ -1,10 +1,10 @@
 import { Logger } from '@nestjs/common';
 import { systemClock } from '../core/clock.js';
-import { defaultWorkerId } from '../core/consumer.js';
+import { defaultWorkerId } from '../core/consumer/index.js';
 import { ThroughputRecorder } from '../core/throughput/index.js';
 import type { QueueEventListener } from '../core/events.js';
 import type { QueueOptions } from '../core/options.js';
-import { QueueProducerCore } from '../core/producer.js';
+import { QueueProducerCore } from '../core/producer/index.js';
 import { settleWithin } from '../core/timeout.js';
 import { NO_TRACING, type QueueTracer } from '../core/tracing.js';
 import type { QueueStore } from '../core/queue-store.js';

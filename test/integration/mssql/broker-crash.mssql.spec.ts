@@ -255,7 +255,7 @@ describeEachMssqlDatabase('Service Broker crash drill: workers SIGKILLed with ev
       .soft(
         outOfOrder,
         // A group batch runs message k+1 as soon as k's completion is queued, before it is
-        // committed (core/queue-consumer.ts runBatch, core/job-acker.ts): a kill in between
+        // committed (core/consumer/queue-consumer.ts runBatch, core/consumer/job-acker.ts): a kill in between
         // brings k back after k+1 ran.
         'runs of a message that started before the completed run of the message before it ended',
       )

@@ -13,7 +13,7 @@
 import sql from 'mssql';
 import { expect, it } from 'vitest';
 import type { EnqueueResult, NewJob } from '../../../lib/src/core/types.js';
-import { prepareJob } from '../../../lib/src/core/validation.js';
+import { prepareJob } from '../../../lib/src/core/producer/job-validation.js';
 import { within } from '../../helpers/drills.js';
 import { beginCallerTransaction, mssqlRows, withErrorNumber } from '../../helpers/mssql.js';
 import { LOCKS_OF_SESSION, VIEW_SERVER_STATE, type SessionLockRow } from '../../helpers/mssql-test-queries.js';

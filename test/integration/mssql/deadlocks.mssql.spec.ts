@@ -20,7 +20,7 @@ import sql from 'mssql';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import type { QueueStore } from '../../../lib/src/core/queue-store.js';
 import type { ClaimedJob } from '../../../lib/src/core/types.js';
-import { prepareJob } from '../../../lib/src/core/validation.js';
+import { prepareJob } from '../../../lib/src/core/producer/job-validation.js';
 import { createMssqlStore } from '../../../lib/src/store/mssql/mssql.connect.js';
 import {
   beginCallerTransaction,

@@ -11,7 +11,7 @@ import sql from 'mssql';
 import { afterAll, expect, it } from 'vitest';
 import type { QueueStore } from '../../../lib/src/core/queue-store.js';
 import type { ClaimedJob, EnqueueOptions, NewJob } from '../../../lib/src/core/types.js';
-import { prepareJob } from '../../../lib/src/core/validation.js';
+import { prepareJob } from '../../../lib/src/core/producer/job-validation.js';
 import { createMssqlStore } from '../../../lib/src/store/mssql/mssql.connect.js';
 import { within } from '../../helpers/drills.js';
 import { beginCallerTransaction, mssqlRows, withErrorNumber } from '../../helpers/mssql.js';

@@ -6,7 +6,7 @@
 import sql from 'mssql';
 import { expect, it } from 'vitest';
 import type { ClaimedJob, NewJob } from '../../../lib/src/core/types.js';
-import { prepareJob } from '../../../lib/src/core/validation.js';
+import { prepareJob } from '../../../lib/src/core/producer/job-validation.js';
 import { mssqlRows } from '../../helpers/mssql.js';
 import { groupDisagreements, groupRow } from '../../helpers/mssql-test-queries.js';
 import { waitFor } from '../../helpers/wait-for.js';

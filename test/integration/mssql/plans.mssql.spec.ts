@@ -12,7 +12,7 @@ import sql from 'mssql';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import type { QueueStore } from '../../../lib/src/core/queue-store.js';
 import { DONE_SCAN_LIMIT, type ClaimedJob, type EnqueueOptions, type JobState } from '../../../lib/src/core/types.js';
-import { prepareJob } from '../../../lib/src/core/validation.js';
+import { prepareJob } from '../../../lib/src/core/producer/job-validation.js';
 import { createMssqlStore } from '../../../lib/src/store/mssql/mssql.connect.js';
 import { quoteMssqlIdentifier } from '../../../lib/src/store/mssql/mssql.identifiers.js';
 import { uniqueSchema } from '../../helpers/databases.js';

@@ -101,7 +101,8 @@ import type {
   ResolvedBrokerQueue,
 } from '../../../lib/src/broker/broker.types.js';
 import type { QueueStore } from '../../../lib/src/core/queue-store.js';
-import { prepareJob, DEFAULT_MAX_PAYLOAD_BYTES } from '../../../lib/src/core/validation.js';
+import { DEFAULT_MAX_PAYLOAD_BYTES } from '../../../lib/src/core/validation.js';
+import { prepareJob } from '../../../lib/src/core/producer/job-validation.js';
 import { createMssqlStore } from '../../../lib/src/store/mssql/mssql.connect.js';
 import { SqlQueueTransactionError } from '../../../lib/src/core/errors.js';
 import {

@@ -12,7 +12,7 @@ import { describe, expect, it } from 'vitest';
 import { SqlQueueConfigError } from '../../../lib/src/core/errors.js';
 import type { QueueStore } from '../../../lib/src/core/queue-store.js';
 import type { NewJob } from '../../../lib/src/core/types.js';
-import { prepareJob } from '../../../lib/src/core/validation.js';
+import { prepareJob } from '../../../lib/src/core/producer/job-validation.js';
 import { createQueueStore } from '../../../lib/src/store/create-store.js';
 import { createMssqlStore } from '../../../lib/src/store/mssql/mssql.connect.js';
 import {

@@ -15,7 +15,7 @@
 import sql from 'mssql';
 import { expect, it } from 'vitest';
 import type { QueueStore } from '../../../lib/src/core/queue-store.js';
-import { prepareJob } from '../../../lib/src/core/validation.js';
+import { prepareJob } from '../../../lib/src/core/producer/job-validation.js';
 import { createMssqlStore } from '../../../lib/src/store/mssql/mssql.connect.js';
 import { mssqlErrorNumber, mssqlRows, openMssqlPool, withErrorNumber } from '../../helpers/mssql.js';
 import {

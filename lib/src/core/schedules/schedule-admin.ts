@@ -2,7 +2,7 @@ import { SqlQueueValidationError } from '../errors.js';
 import type { QueueStore } from '../queue-store.js';
 import { NO_TRACING, type QueueTracer } from '../tracing.js';
 import type { EnqueueResult } from '../types.js';
-import { withTraceContext } from '../validation.js';
+import { withTraceContext } from '../producer/index.js';
 import { nextTick } from './schedule-cron.js';
 import {
   assertScheduleId,

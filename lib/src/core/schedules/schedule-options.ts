@@ -1,13 +1,7 @@
 import { SqlQueueValidationError } from '../errors.js';
 import type { EnqueueOptions } from '../types.js';
-import {
-  assertOptionGroup,
-  assertQueueName,
-  DEFAULT_MAX_ATTEMPTS,
-  describe,
-  prepareJob,
-  SCHEDULE_KEY_PREFIX,
-} from '../validation.js';
+import { assertOptionGroup, assertQueueName, DEFAULT_MAX_ATTEMPTS, describe } from '../validation.js';
+import { prepareJob, SCHEDULE_KEY_PREFIX } from '../producer/index.js';
 import { assertCron, DEFAULT_SCHEDULE_TIMEZONE, nextTick } from './schedule-cron.js';
 import type {
   ScheduleCatchUp,

@@ -1,7 +1,7 @@
 import { Injectable, type OnModuleInit } from '@nestjs/common';
 import { ModuleRef } from '@nestjs/core';
 import { HealthIndicatorService, type HealthIndicatorResult } from '@nestjs/terminus';
-import { assessConsumerLiveness, defaultStalledAfterMs } from '../../core/consumer-liveness.js';
+import { assessConsumerLiveness, defaultStalledAfterMs } from '../../core/consumer/index.js';
 import { SqlQueueConfigError } from '../../core/errors.js';
 import type { QueueStats } from '../../core/types.js';
 import { withTimeout } from '../../core/timeout.js';

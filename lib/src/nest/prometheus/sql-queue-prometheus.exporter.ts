@@ -2,7 +2,7 @@ import { Inject, Injectable, type OnApplicationShutdown, type OnModuleInit } fro
 import { ModuleRef } from '@nestjs/core';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { SqlQueueConfigError } from '../../core/errors.js';
-import type { QueueHealthReading } from '../../core/queue-metrics.js';
+import type { QueueHealthReading } from '../../core/metrics/index.js';
 import {
   SqlQueueMetrics,
   type SqlQueueBrokerReading,

@@ -6,11 +6,11 @@ import {
   splitJobListRows,
   type JobListPosition,
   JOB_LIST_STATEMENTS,
-} from '../../core/job-list-cursor.js';
+} from '../../core/listing/index.js';
 import { assertThroughputMinutes, sumThroughputByQueue } from '../../core/throughput/index.js';
-import { assertJobId } from '../../core/producer.js';
+import { assertJobId } from '../../core/producer/index.js';
 import type { MigrationMode, QueueStore, SchemaStatus } from '../../core/queue-store.js';
-import { assertSchemaVersion } from '../../core/schema-version.js';
+import { assertSchemaVersion } from '../../core/maintenance/index.js';
 import { MAX_TRACE_CONTEXT_LENGTH } from '../../core/tracing.js';
 import type {
   AttemptRecord,

@@ -1,7 +1,7 @@
-import { SqlQueueValidationError } from './errors.js';
-import type { JobId, JobListRequest, JobState } from './types.js';
-import { assertJobId } from './producer.js';
-import { assertInteger, assertKeyText, assertQueueName, describe } from './validation.js';
+import { SqlQueueValidationError } from '../errors.js';
+import type { JobId, JobListRequest, JobState } from '../types.js';
+import { assertJobId } from '../producer/index.js';
+import { assertInteger, assertKeyText, assertQueueName, describe } from '../validation.js';
 
 /** Most jobs one listing page returns. */
 export const JOB_LIST_MAX_LIMIT = 500;

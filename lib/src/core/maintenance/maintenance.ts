@@ -1,7 +1,7 @@
-import type { ResolvedRetentionOptions } from './options.js';
-import type { QueueStore } from './queue-store.js';
-import { safeEmit, type QueueEventListener } from './events.js';
-import type { GroupRepair, ReapedJob } from './types.js';
+import type { ResolvedRetentionOptions } from '../options.js';
+import type { QueueStore } from '../queue-store.js';
+import { safeEmit, type QueueEventListener } from '../events.js';
+import type { GroupRepair, ReapedJob } from '../types.js';
 
 /**
  * Returns expired leases to ready (or dead), batch after batch, until a batch comes back

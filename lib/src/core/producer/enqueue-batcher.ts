@@ -1,6 +1,6 @@
-import { SqlQueueClosedError } from './errors.js';
-import type { QueueStore } from './queue-store.js';
-import type { EnqueueResult, NewJob } from './types.js';
+import { SqlQueueClosedError } from '../errors.js';
+import type { QueueStore } from '../queue-store.js';
+import type { EnqueueResult, NewJob } from '../types.js';
 
 /** How concurrent single enqueues share statements (the module's `enqueueBatching` option). */
 export interface EnqueueBatchingSettings {

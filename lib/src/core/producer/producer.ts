@@ -1,7 +1,7 @@
 import { EnqueueBatcher, type EnqueueBatchingSettings } from './enqueue-batcher.js';
-import { SqlQueueValidationError } from './errors.js';
-import type { QueueStore } from './queue-store.js';
-import { NO_TRACING, type QueueTracer } from './tracing.js';
+import { SqlQueueValidationError } from '../errors.js';
+import type { QueueStore } from '../queue-store.js';
+import { NO_TRACING, type QueueTracer } from '../tracing.js';
 import type {
   AttemptRecord,
   BlockedGroupPage,
@@ -12,18 +12,10 @@ import type {
   JobRecord,
   NewJob,
   QueueStats,
-} from './types.js';
-import {
-  assertInteger,
-  assertOptionGroup,
-  assertQueueName,
-  describe,
-  ENQUEUE_OPTION_KEYS,
-  MAX_AGE_MS,
-  prepareJob,
-  withTraceContext,
-} from './validation.js';
-import type { RemoteWaker, WakeBus } from './wake.js';
+} from '../types.js';
+import { assertInteger, assertOptionGroup, assertQueueName, describe, MAX_AGE_MS } from '../validation.js';
+import { ENQUEUE_OPTION_KEYS, prepareJob, withTraceContext } from './job-validation.js';
+import type { RemoteWaker, WakeBus } from '../wake.js';
 
 /** Options of one enqueue call. */
 export interface EnqueueCallOptions extends EnqueueOptions {

@@ -1,10 +1,10 @@
-import type { Clock } from './clock.js';
-import { safeEmit, type QueueEventListener } from './events.js';
-import { ThrottledErrorLog, type QueueLogger } from './logger.js';
-import type { ResolvedQueueOptions } from './options.js';
-import type { QueueStore } from './queue-store.js';
-import { settleWithin, withTimeout } from './timeout.js';
-import type { ClaimedJob } from './types.js';
+import type { Clock } from '../clock.js';
+import { safeEmit, type QueueEventListener } from '../events.js';
+import { ThrottledErrorLog, type QueueLogger } from '../logger.js';
+import type { ResolvedQueueOptions } from '../options.js';
+import type { QueueStore } from '../queue-store.js';
+import { settleWithin, withTimeout } from '../timeout.js';
+import type { ClaimedJob } from '../types.js';
 
 /** A job this process holds a lease on, from claim until its outcome is recorded. */
 export interface HeldJob {

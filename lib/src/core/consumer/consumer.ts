@@ -1,11 +1,11 @@
 import { randomBytes } from 'node:crypto';
 import { hostname } from 'node:os';
-import { SqlQueueConfigError } from './errors.js';
+import { SqlQueueConfigError } from '../errors.js';
 import type { JobHandler } from './handler.js';
-import type { ResolvedQueueOptions } from './options.js';
+import type { ResolvedQueueOptions } from '../options.js';
 import { QueueConsumer, type QueueConsumerDeps, type QueueConsumerSnapshot } from './queue-consumer.js';
-import { settleWithin } from './timeout.js';
-import type { WakeBus } from './wake.js';
+import { settleWithin } from '../timeout.js';
+import type { WakeBus } from '../wake.js';
 
 const UNLISTEN_TIMEOUT_MS = 5_000;
 

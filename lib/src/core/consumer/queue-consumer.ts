@@ -1,22 +1,22 @@
-import { parseScheduleJobKey } from './schedules/schedule-options.js';
+import { parseScheduleJobKey } from '../schedules/schedule-options.js';
 import { autoPrefetch, claimSize, MovingAverage, readersToStart, shouldRetireAfterEmptyClaim } from './activation.js';
-import { PollBackoff } from './backoff.js';
+import { PollBackoff } from '../backoff.js';
 import {
   SqlQueueJobTimeoutError,
   SqlQueueLeaseLostError,
   SqlQueueShutdownError,
   SqlQueueUnrecoverableError,
   SqlQueueValidationError,
-} from './errors.js';
-import { safeEmit } from './events.js';
+} from '../errors.js';
+import { safeEmit } from '../events.js';
 import type { JobContext, JobHandler } from './handler.js';
 import { abortJob, JobAcker, signalOf, withFollowers, type AckerDeps, type HeldJob } from './job-acker.js';
-import { ThrottledErrorLog } from './logger.js';
-import type { ResolvedQueueOptions } from './options.js';
-import { settleWithin, withTimeout } from './timeout.js';
-import { NO_TRACING, type QueueTracer } from './tracing.js';
-import type { ClaimedJob, HeartbeatResult } from './types.js';
-import { INT_MAX } from './validation.js';
+import { ThrottledErrorLog } from '../logger.js';
+import type { ResolvedQueueOptions } from '../options.js';
+import { settleWithin, withTimeout } from '../timeout.js';
+import { NO_TRACING, type QueueTracer } from '../tracing.js';
+import type { ClaimedJob, HeartbeatResult } from '../types.js';
+import { INT_MAX } from '../validation.js';
 
 export interface QueueConsumerDeps extends AckerDeps {
   random?: () => number;

@@ -1,5 +1,5 @@
-import type { ScheduleTick } from './schedules/schedule.types.js';
-import type { JobId } from './types.js';
+import type { ScheduleTick } from '../schedules/schedule.types.js';
+import type { JobId } from '../types.js';
 
 /** What a handler knows about the job it runs. */
 export interface JobContext {

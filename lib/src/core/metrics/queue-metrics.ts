@@ -1,9 +1,9 @@
-import { SqlQueueConfigError } from './errors.js';
-import type { QueueEventListener } from './events.js';
-import type { QueueStore } from './queue-store.js';
-import type { QueueHealth } from './types.js';
-import { withTimeout } from './timeout.js';
-import { assertInteger, assertOptionGroup, DAY_MS } from './validation.js';
+import { SqlQueueConfigError } from '../errors.js';
+import type { QueueEventListener } from '../events.js';
+import type { QueueStore } from '../queue-store.js';
+import type { QueueHealth } from '../types.js';
+import { withTimeout } from '../timeout.js';
+import { assertInteger, assertOptionGroup, DAY_MS } from '../validation.js';
 
 /**
  * Upper bounds (seconds) of the completion-latency histograms. Enqueue→done spans a

@@ -1,5 +1,5 @@
-import { SqlQueueSchemaError } from './errors.js';
-import type { Dialect } from './queue-store.js';
+import { SqlQueueSchemaError } from '../errors.js';
+import type { Dialect } from '../queue-store.js';
 
 /**
  * The version rule both stores apply at boot: a schema newer than this build is refused in
