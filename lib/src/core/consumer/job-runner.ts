@@ -1,0 +1,185 @@
+import { parseScheduleJobKey } from '../schedules/schedule-options.js';
+import { SqlQueueUnrecoverableError } from '../errors.js';
+import { safeEmit } from '../events.js';
+import type { ResolvedQueueOptions } from '../options.js';
+import type { QueueTracer } from '../tracing.js';
+import type { MovingAverage } from './activation.js';
+import type { JobContext, JobHandler } from './handler.js';
+import { signalOf, type HeldJob, type HeldJobs } from './held-jobs.js';
+import type { AckerDeps, JobAcker } from './job-acker.js';
+import type { LeaseKeeper } from './lease-keeper.js';
+
+/** How long after aborting a handler the reader keeps waiting for it before moving on. */
+const ABANDON_GRACE_MS = 5_000;
+export const SHUTDOWN_ABANDON_GRACE_MS = 1_000;
+
+/**
+ * How a job's run ended, for the batch it belongs to: `completed` (its completion is on its
+ * way), `released` (given back unstarted or stopped by shutdown), `ended` (failed, timed out,
+ * lost or abandoned: its batch siblings come back through the database, not from here).
+ */
+type RunOutcome = 'completed' | 'released' | 'ended';
+
+/** What the runner asks of the consumer around it. */
+export interface JobRunnerHost {
+  stopping(): boolean;
+  /** Resolves when shutdown begins: a group batch stops waiting for a completion then. */
+  readonly stopped: Promise<'stopping'>;
+}
+
+/**
+ * Runs a reader's unit of work: one job, or an ordered group's batch. Each attempt runs its
+ * handler in a consumer span with the job's context, races it against abandonment once the job
+ * is aborted, and hands the outcome to the acker: a completion, a failure with its retry delay
+ * (dead at once for SqlQueueUnrecoverableError), or a give-back when shutdown stopped it.
+ */
+export class JobRunner {
+  constructor(
+    private readonly deps: AckerDeps,
+    private readonly options: ResolvedQueueOptions,
+    private readonly jobs: HeldJobs,
+    private readonly acker: JobAcker,
+    private readonly leases: LeaseKeeper,
+    private readonly handler: JobHandler,
+    private readonly tracer: QueueTracer,
+    /** Handler run times, for `prefetch: 'auto'`. */
+    private readonly handlerMs: MovingAverage,
+    private readonly host: JobRunnerHost,
+  ) {}
+
+  /**
+   * Runs one job, or an ordered group's batch in id order, each after the one before is done: its
+   * completion recorded in the database, not only sent. So a crash never runs a group's job again
+   * after its successor started (it would, had the successor started while the completion was
+   * still on its way: the lost completion brings the job back, behind the successor's run). A
+   * batch stops at the first job that does not complete: a failure's statement gives the rest
+   * back in the database (as does a reaped or lost lease, or a completion refused as lost), so
+   * they are only let go here; a job given back, or shutdown, gives the rest back with it.
+   */
+  async runBatch(batch: HeldJob[]): Promise<void> {
+    for (const [index, held] of batch.entries()) {
+      const followed = index + 1 < batch.length;
+      const done = followed ? new Promise<boolean>((resolve) => (held.recorded = resolve)) : Promise.resolve(true);
+      let outcome: RunOutcome;
+      try {
+        outcome = await this.run(held);
+      } catch (error) {
+        // A bug must not take the reader down or keep renewing a lease for nothing: the job
+        // is let go, and its lease brings it back.
+        this.deps.logger.error(
+          `job ${held.job.id} in queue '${this.options.queue}': unexpected error after its handler ran; the job comes back when its lease expires: ${describeReason(error)}`,
+          error instanceof Error ? error.stack : undefined,
+        );
+        this.jobs.forget(held);
+        outcome = 'ended';
+      }
+      const rest = batch.slice(index + 1);
+      if (rest.length === 0) return;
+      // At shutdown the rest is given back below at once, whether the completion landed or not.
+      if (outcome === 'completed' && (await Promise.race([done, this.host.stopped])) === false) outcome = 'ended';
+      held.recorded = null;
+      // A handler that blocked the event loop past the lease may return before any heartbeat
+      // tick could notice: the batch's token may be void and its group taken by another reader.
+      if (outcome === 'completed' && this.deps.clock.now() >= rest[0]!.localLeaseUntil) outcome = 'ended';
+      // Heartbeats cannot extend a lease past claim + maxDurationMs, which counts from the
+      // batch's claim: past half of it, the rest goes back for a fresh claim, as a prefetched
+      // job that waited that long does (ClaimLoop.releaseStale).
+      const maxDuration = this.options.maxDurationMs;
+      const waitedTooLong = maxDuration !== null && this.deps.clock.now() - held.claimedAtLocal >= maxDuration / 2;
+      if (outcome === 'completed' && !this.host.stopping() && !waitedTooLong) continue;
+      if (outcome === 'ended') for (const follower of rest) this.jobs.forget(follower);
+      else this.acker.release(rest);
+      return;
+    }
+  }
+
+  private async run(held: HeldJob): Promise<RunOutcome> {
+    const { job } = held;
+    if (held.aborted) {
+      this.jobs.forget(held); // its lease was lost or ran out while it waited
+      return 'ended';
+    }
+    const context: JobContext = {
+      jobId: job.id,
+      queue: job.queue,
+      attempt: job.attempt,
+      maxAttempts: job.maxAttempts,
+      idempotencyKey: job.idempotencyKey,
+      groupKey: job.groupKey,
+      schedule: parseScheduleJobKey(job.idempotencyKey),
+      enqueuedAt: job.enqueuedAt,
+      claimedAt: job.claimedAt,
+      get signal() {
+        return signalOf(held);
+      },
+      extendLease: (ms) => this.leases.extend(held, ms),
+    };
+    const execution = this.execute(held, context);
+    this.jobs.running.set(held, execution);
+    try {
+      return await execution;
+    } finally {
+      this.jobs.running.delete(held);
+    }
+  }
+
+  private async execute(held: HeldJob, context: JobContext): Promise<RunOutcome> {
+    const { job } = held;
+    const startedAt = this.deps.clock.now();
+    held.startedAtLocal = startedAt;
+    // Each attempt is its own consumer span, in the trace of the enqueue that stored the job.
+    const handled = Promise.resolve()
+      .then(() => this.tracer.process(job, () => this.handler(job.payload, context)))
+      .then(
+        () => ({ ok: true }) as const,
+        (error: unknown) => ({ ok: false, error }) as const,
+      );
+    // Race the handler against abandonment, which only starts once the job is aborted: a
+    // handler that ignores its signal must not hold a reader forever.
+    // Created only for an aborted job (most never are), and cancelled once the race settles.
+    const grace: { timer?: AbortController } = {};
+    const result = await new Promise<Awaited<typeof handled> | 'abandoned'>((resolve) => {
+      void handled.then(resolve);
+      const startGrace = () => {
+        grace.timer = new AbortController();
+        const ms = held.shutdownAborted ? SHUTDOWN_ABANDON_GRACE_MS : ABANDON_GRACE_MS;
+        void this.deps.clock.sleep(ms, grace.timer.signal).then(() => resolve('abandoned'));
+      };
+      if (held.aborted) startGrace();
+      else held.onAbort = startGrace;
+    });
+    grace.timer?.abort();
+    held.onAbort = null;
+    if (result === 'abandoned') {
+      this.deps.logger.warn(
+        `job ${job.id} in queue '${job.queue}': handler ignored its abort signal (${describeReason(held.abortReason)}); the reader moves on and the lease decides the job's fate`,
+      );
+      safeEmit(this.deps.listeners, 'abandoned', { queue: job.queue, jobId: job.id });
+      this.jobs.forget(held);
+      return 'ended';
+    }
+    const outcome = result;
+    this.handlerMs.add(this.deps.clock.now() - startedAt);
+
+    // Even when a heartbeat already found the lease gone, the outcome is sent: the token check
+    // in the database is the arbiter, and its refusal is what gets logged and counted.
+    if (outcome.ok) {
+      this.acker.complete(held);
+      return held.lost ? 'ended' : 'completed';
+    }
+    if (held.timedOut) return 'ended'; // the timeout was already recorded as this attempt's failure (and forgotten)
+    if (held.shutdownAborted && !held.lost) {
+      // Stopped by shutdown, not by its own fault: give the job back without using an attempt.
+      this.acker.release([held]);
+      return 'released';
+    }
+    const error = outcome.error;
+    const dead = error instanceof SqlQueueUnrecoverableError;
+    this.acker.fail(held, error, dead ? 0 : this.options.retryDelay(job.attempt, error), dead);
+    return 'ended';
+  }
+}
+
+function describeReason(reason: unknown): string {
+  return reason instanceof Error ? reason.message : String(reason);
+}

@@ -1,0 +1,150 @@
+import { SqlQueueJobTimeoutError, SqlQueueLeaseLostError, SqlQueueValidationError } from '../errors.js';
+import { safeEmit } from '../events.js';
+import { ThrottledErrorLog } from '../logger.js';
+import type { ResolvedQueueOptions } from '../options.js';
+import { withTimeout } from '../timeout.js';
+import type { HeartbeatResult } from '../types.js';
+import { INT_MAX } from '../validation.js';
+import type { AckerDeps, JobAcker } from './job-acker.js';
+import { abortJob, type HeldJob, type HeldJobs } from './held-jobs.js';
+
+/**
+ * Keeps the leases of the jobs this process holds: one batch heartbeat per tick for the leases a
+ * third used up, `context.extendLease()`, and the local checks that never wait on the database
+ * (maxDurationMs, a lease that could not be renewed before it ran out). A job found lost is
+ * aborted; a job past maxDurationMs has its failure recorded and is aborted.
+ */
+export class LeaseKeeper {
+  private readonly errors: ThrottledErrorLog;
+  private heartbeatRunning = false;
+
+  constructor(
+    private readonly deps: AckerDeps,
+    private readonly options: ResolvedQueueOptions,
+    private readonly jobs: HeldJobs,
+    private readonly acker: JobAcker,
+    /** Takes a job that has not started (and its batch) out of the prefetch buffer; false if it was not there. */
+    private readonly dropBuffered: (held: HeldJob) => boolean,
+  ) {
+    this.errors = new ThrottledErrorLog(deps.logger, `renewing leases in queue '${options.queue}'`, () =>
+      deps.clock.now(),
+    );
+  }
+
+  /** How often renew() runs: a sixth of the lease, between 20 ms and 5 s. */
+  get intervalMs(): number {
+    return Math.max(20, Math.min(Math.floor(this.options.leaseMs / 6), 5_000));
+  }
+
+  /**
+   * Every tick: enforces maxDurationMs and aborts handlers whose lease could not be confirmed
+   * before it ran out (these checks never wait on the database), then sends one batch
+   * heartbeat for the held jobs whose lease is a third used up, unless one is still in flight.
+   */
+  async renew(now: number): Promise<void> {
+    const due: HeldJob[] = [];
+    for (const held of this.jobs.values()) {
+      if (held.lost || held.timedOut) continue;
+      const maxDuration = this.options.maxDurationMs;
+      if (maxDuration !== null && now - held.claimedAtLocal >= maxDuration && this.jobs.running.has(held)) {
+        this.timeOut(held, maxDuration);
+        continue;
+      }
+      if (now >= held.localLeaseUntil) {
+        // Could not renew in time (database unreachable): another worker may own it by now.
+        abortJob(
+          held,
+          new SqlQueueLeaseLostError(held.job.queue, held.job.id, 'the lease could not be renewed before it expired'),
+        );
+        if (this.dropBuffered(held)) continue;
+      }
+      if (now - held.renewedAtLocal >= held.leaseMs / 3) due.push(held);
+    }
+    if (this.heartbeatRunning || due.length === 0) return;
+    this.heartbeatRunning = true;
+    try {
+      const requestedAt = this.deps.clock.now();
+      const results = await this.boundedHeartbeat(due);
+      this.errors.succeeded();
+      const byId = new Map(results.map((r) => [r.id, r]));
+      for (const held of due) {
+        const result = byId.get(held.job.id);
+        if (result?.outcome === 'ok') {
+          held.renewedAtLocal = requestedAt;
+          held.localLeaseUntil = requestedAt + held.leaseMs;
+        } else if (this.jobs.holds(held) && (this.jobs.running.has(held) || held.startedAtLocal === null)) {
+          // Only a job still running or waiting (buffered, or later in a group batch) can lose
+          // its lease here. Once its handler has returned, its outcome is in flight, and that
+          // token-checked write ('ok', 'already' or 'lost') decides and reports, not a renewal
+          // racing it.
+          this.markLost(held);
+        }
+      }
+    } catch (error) {
+      this.errors.failed(error, Math.floor(this.options.leaseMs / 6));
+    } finally {
+      this.heartbeatRunning = false;
+    }
+  }
+
+  /** `context.extendLease(ms)`: renews this job's lease now, for at least `ms` from now. */
+  async extend(held: HeldJob, ms?: number): Promise<void> {
+    if (ms !== undefined && (typeof ms !== 'number' || !Number.isInteger(ms) || ms < 1 || ms > INT_MAX)) {
+      throw new SqlQueueValidationError(
+        `job ${held.job.id} in queue '${held.job.queue}': extendLease(ms) takes an integer from 1 to ${INT_MAX}, got ${String(ms)}`,
+      );
+    }
+    if (held.lost) throw new SqlQueueLeaseLostError(held.job.queue, held.job.id);
+    // Never shortens: later routine heartbeats keep the longer lease, so the extension holds.
+    held.leaseMs = Math.max(held.leaseMs, ms ?? 0);
+    const requestedAt = this.deps.clock.now();
+    const [result] = await this.boundedHeartbeat([held]);
+    if (!result || result.outcome === 'lost') {
+      // Once the handler has returned, its token-checked outcome decides and reports, as in renew().
+      if (this.jobs.running.has(held)) this.markLost(held);
+      throw new SqlQueueLeaseLostError(held.job.queue, held.job.id);
+    }
+    held.renewedAtLocal = requestedAt;
+    held.localLeaseUntil = requestedAt + held.leaseMs;
+  }
+
+  /** One heartbeat statement, bounded so a dead connection cannot hold the lease keeper. */
+  private boundedHeartbeat(helds: readonly HeldJob[]): Promise<HeartbeatResult[]> {
+    return withTimeout(
+      this.deps.store.heartbeat(
+        helds.map((held) => ({
+          id: held.job.id,
+          claimToken: held.job.claimToken,
+          leaseMs: held.leaseMs,
+          maxDurationMs: this.options.maxDurationMs,
+        })),
+      ),
+      Math.max(1_000, Math.floor(this.options.leaseMs / 3)),
+      `renewing leases in queue '${this.options.queue}'`,
+    );
+  }
+
+  private markLost(held: HeldJob): void {
+    if (held.lost) return;
+    held.lost = true;
+    const error = new SqlQueueLeaseLostError(held.job.queue, held.job.id);
+    this.deps.logger.warn(`${error.message}; aborting its handler`);
+    safeEmit(this.deps.listeners, 'lostOwnership', {
+      queue: held.job.queue,
+      jobId: held.job.id,
+      during: 'heartbeat',
+      outcome: 'lost',
+    });
+    abortJob(held, error);
+    if (!this.dropBuffered(held) && !this.jobs.running.has(held)) this.jobs.forget(held);
+  }
+
+  /** maxDurationMs passed: record the failure now (token-checked) and abort the handler. */
+  private timeOut(held: HeldJob, maxDurationMs: number): void {
+    held.timedOut = true;
+    const error = new SqlQueueJobTimeoutError(held.job.queue, held.job.id, maxDurationMs);
+    this.deps.logger.warn(`${error.message}; aborting its handler and recording the attempt as failed`);
+    abortJob(held, error);
+    this.acker.fail(held, error, this.options.retryDelay(held.job.attempt, error), false);
+  }
+}
