@@ -126,7 +126,7 @@ export async function runCli(argv: readonly string[], out: CliOutput): Promise<n
 /** Loaded only for Service Broker, which is SQL Server only. */
 async function brokerScripts(schema: string, command: BrokerCommand): Promise<string> {
   const { resolveBrokerOptions } = await import('./broker/broker.options.js');
-  const { brokerGrantsScript, brokerSetupScript } = await import('./broker/broker.setup.js');
+  const { brokerGrantsScript, brokerSetupScript } = await import('./broker/setup/index.js');
   const options = resolveBrokerOptions(command.options as Parameters<typeof resolveBrokerOptions>[0], schema, []);
   if (!options) throw new CliUsageError('no broker queue given (use --broker <name> or --broker-config <file.json>)');
   const grants = Object.values(command.grants).some((p) => p !== undefined);

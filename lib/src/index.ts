@@ -53,7 +53,7 @@ export type {
   ScheduleRecord,
   ScheduleSource,
   ScheduleTick,
-} from './core/schedules/schedule.types.js';
+} from './core/schedules/index.js';
 export { SqlQueueSchedulerHost } from './nest/schedules.host.js';
 export type { EnqueueCallOptions, EnqueueItem } from './core/producer/index.js';
 export type { BackoffOption } from './core/backoff.js';

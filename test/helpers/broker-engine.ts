@@ -5,8 +5,8 @@
  * on SQL Server. Used in-process by the broker specs on PostgreSQL and in the broker crash
  * drill's worker processes.
  */
-import { BrokerConsumer } from '../../lib/src/broker/broker.consumer.js';
-import { brokerJobHandler } from '../../lib/src/broker/broker.job.js';
+import { BrokerConsumer } from '../../lib/src/broker/activation/broker.consumer.js';
+import { brokerJobHandler } from '../../lib/src/broker/reader/broker.job.js';
 import type { BrokerHandler, ResolvedBrokerQueue } from '../../lib/src/broker/broker.types.js';
 import { systemClock } from '../../lib/src/core/clock.js';
 import { SqlQueueConsumer } from '../../lib/src/core/consumer/consumer.js';

@@ -11,13 +11,17 @@
  * groups other transactions hold); a move is one transaction that receives and enqueues, or
  * does neither; EndDialog and Error end the conversation in the move and become no job;
  * DialogTimer is dropped. The payload of a moved message is built by brokerJobPayload, the
- * JS twin of moveMessages' FOR JSON expression (lib/src/broker/broker.receiver.queries.ts).
+ * JS twin of moveMessages' FOR JSON expression (lib/src/broker/reader/broker.receiver.queries.ts).
  */
 import { randomUUID } from 'node:crypto';
 import pg from 'pg';
-import type { BrokerJobPayload } from '../../lib/src/broker/broker.job.js';
+import type { BrokerJobPayload } from '../../lib/src/broker/reader/broker.job.js';
 import { BROKER_SYSTEM } from '../../lib/src/broker/broker.names.js';
-import { BROKER_MOVE_ROUNDS, moveMessages, waitForMessages } from '../../lib/src/broker/broker.receiver.queries.js';
+import {
+  BROKER_MOVE_ROUNDS,
+  moveMessages,
+  waitForMessages,
+} from '../../lib/src/broker/reader/broker.receiver.queries.js';
 import type {
   BrokerConnection,
   BrokerDriver,

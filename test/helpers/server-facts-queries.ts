@@ -1,5 +1,5 @@
 import { quoteBrokerObject } from '../../lib/src/broker/broker.names.js';
-import { RECEIVED_TABLE } from '../../lib/src/broker/broker.receiver.queries.js';
+import { RECEIVED_TABLE } from '../../lib/src/broker/reader/broker.receiver.queries.js';
 import type { BrokerObjectName, ResolvedBrokerQueue } from '../../lib/src/broker/broker.types.js';
 import { assertInteger } from '../../lib/src/core/validation.js';
 import { quoteMssqlIdentifier } from '../../lib/src/store/mssql/mssql.identifiers.js';

@@ -174,3 +174,153 @@ describe('layering: dependency arrows point down only', () => {
     }
   });
 });
+
+/** Every import of a file (type-only ones too, unless `runtimeOnly`), resolved to the lib file it names. */
+function localImportsOf(file: string, runtimeOnly = false): string[] {
+  const source = readFileSync(file, 'utf8');
+  const text = runtimeOnly ? source.replace(/^(?:import|export) type [^;]*;$/gm, '') : source;
+  const specs = [
+    ...text.matchAll(/(?:import|export)\s[^'"]*?from\s+['"](\.[^'"]+)['"]|import\(\s*['"](\.[^'"]+)['"]\s*\)/g),
+  ].map((m) => (m[1] ?? m[2])!);
+  return specs.map((spec) => join(file, '..', spec.replace(/\.js$/, '.ts')));
+}
+
+/** The capability folder a lib file is in (`core/consumer`, `broker/sender`, …), or null at an area's root. */
+function capabilityOf(file: string): string | null {
+  const parts = relative(LIB, file).split('/');
+  return ['core', 'broker'].includes(parts[0]!) && parts.length > 2 ? `${parts[0]}/${parts[1]}` : null;
+}
+
+/** Strongly connected components of more than one node (or a node importing itself): the cycles. */
+function cycles(graph: Map<string, Set<string>>): string[][] {
+  let index = 0;
+  const order = new Map<string, number>();
+  const low = new Map<string, number>();
+  const stack: string[] = [];
+  const onStack = new Set<string>();
+  const found: string[][] = [];
+  const visit = (node: string): void => {
+    order.set(node, index);
+    low.set(node, index++);
+    stack.push(node);
+    onStack.add(node);
+    for (const next of graph.get(node) ?? []) {
+      if (!order.has(next)) {
+        visit(next);
+        low.set(node, Math.min(low.get(node)!, low.get(next)!));
+      } else if (onStack.has(next)) low.set(node, Math.min(low.get(node)!, order.get(next)!));
+    }
+    if (low.get(node) === order.get(node)) {
+      const component: string[] = [];
+      let member: string;
+      do {
+        member = stack.pop()!;
+        onStack.delete(member);
+        component.push(member);
+      } while (member !== node);
+      if (component.length > 1 || graph.get(node)?.has(node)) found.push(component.sort());
+    }
+  };
+  for (const node of graph.keys()) if (!order.has(node)) visit(node);
+  return found;
+}
+
+describe('layout by capability (issue 22)', () => {
+  const all = sourceFiles(LIB);
+  const folders = [...new Set(all.map(capabilityOf).filter((c): c is string => c !== null))].sort();
+
+  it('core/ and broker/ are split into capability folders, each with an index of what it offers', () => {
+    expect(folders).toEqual(
+      expect.arrayContaining([
+        'core/consumer',
+        'core/producer',
+        'core/schedules',
+        'core/throughput',
+        'core/metrics',
+        'broker/reader',
+        'broker/sender',
+        'broker/activation',
+        'broker/setup',
+        'broker/driver',
+      ]),
+    );
+    for (const folder of folders) expect(statSync(join(LIB, folder, 'index.ts')).isFile(), folder).toBe(true);
+    // A folder past about twenty files splits further (style.md).
+    for (const area of ['core', 'broker', ...folders]) {
+      const direct = readdirSync(join(LIB, area)).filter((name) => name.endsWith('.ts'));
+      expect(direct.length, `${area} holds ${direct.length} files`).toBeLessThanOrEqual(20);
+    }
+  });
+
+  it("outside a capability folder, lib code imports only that folder's index", () => {
+    const reachedInside: string[] = [];
+    for (const file of all) {
+      for (const target of localImportsOf(file)) {
+        const folder = capabilityOf(target);
+        if (folder === null || capabilityOf(file) === folder) continue;
+        if (relative(join(LIB, folder), target) !== 'index.ts') {
+          reachedInside.push(`${relative(LIB, file)} -> ${relative(LIB, target)}`);
+        }
+      }
+    }
+    expect(reachedInside).toEqual([]);
+  });
+
+  it('the root files of core import no capability folder but for types', () => {
+    for (const file of all.filter((f) => relative(LIB, f).split('/').length === 2 && f.includes('/core/'))) {
+      const runtime = importsOf(file)
+        .filter((spec) => spec.startsWith('.'))
+        .map((spec) => join(file, '..', spec.replace(/\.js$/, '.ts')))
+        .filter((target) => capabilityOf(target) !== null);
+      expect(
+        runtime.map((t) => relative(LIB, t)),
+        relative(LIB, file),
+      ).toEqual([]);
+    }
+  });
+
+  it('no import cycle between files (type-only imports are erased: a port may name its capability)', () => {
+    const graph = new Map(
+      all.map((file) => [relative(LIB, file), new Set(localImportsOf(file, true).map((t) => relative(LIB, t)))]),
+    );
+    expect(cycles(graph)).toEqual([]);
+  });
+
+  it('no import cycle between capability folders, type-only imports included', () => {
+    const graph = new Map<string, Set<string>>(folders.map((folder) => [folder, new Set()]));
+    for (const file of all) {
+      const from = capabilityOf(file);
+      if (from === null) continue;
+      for (const target of localImportsOf(file)) {
+        const to = capabilityOf(target);
+        if (to !== null && to !== from) graph.get(from)!.add(to);
+      }
+    }
+    expect(cycles(graph)).toEqual([]);
+  });
+
+  it('the cycle check finds a cycle (it is not vacuous)', () => {
+    const graph = new Map([
+      ['a', new Set(['b'])],
+      ['b', new Set(['c'])],
+      ['c', new Set(['a'])],
+      ['d', new Set(['a'])],
+    ]);
+    expect(cycles(graph)).toEqual([['a', 'b', 'c']]);
+  });
+
+  it('SQL statements are written only in store/ and broker/', () => {
+    const statement =
+      /\b(?:SELECT\s+[\w@*[(]|INSERT\s+INTO|DELETE\s+FROM|UPDATE\s+\S+\s+SET|CREATE\s+(?:TABLE|INDEX|QUEUE)|BEGIN\s+TRAN)/;
+    for (const file of all.filter((f) => !['store', 'broker'].includes(relative(LIB, f).split('/')[0]!))) {
+      // Strings only: a comment may name a statement.
+      const strings = [...readFileSync(file, 'utf8').matchAll(/`[^`]*`|'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*"/g)].map(
+        (m) => m[0],
+      );
+      expect(
+        strings.filter((s) => statement.test(s)),
+        relative(LIB, file),
+      ).toEqual([]);
+    }
+  });
+});

@@ -1,22 +1,19 @@
 import { describe, expect, it } from 'vitest';
 import type { QueueEventListener } from '../../lib/src/core/events.js';
 import type { QueueLogger } from '../../lib/src/core/logger.js';
-import {
-  BrokerConsumer,
-  type BrokerActivationSource,
-  type BrokerReaderLoop,
-} from '../../lib/src/broker/broker.consumer.js';
+import { BrokerConsumer } from '../../lib/src/broker/activation/broker.consumer.js';
+import { type BrokerActivationSource, type BrokerReaderLoop } from '../../lib/src/broker/broker.types.js';
 import { readBrokerHealth } from '../../lib/src/broker/broker.health.js';
-import { BrokerActivationListener, type BrokerListenerDeps } from '../../lib/src/broker/broker.listener.js';
+import { BrokerActivationListener, type BrokerListenerDeps } from '../../lib/src/broker/activation/broker.listener.js';
 import {
   endBrokenNotificationDialog,
   pollBrokerQueue,
   readBrokerQueueHealth,
   receiveNotifications,
-} from '../../lib/src/broker/broker.listener.queries.js';
+} from '../../lib/src/broker/activation/broker.listener.queries.js';
 import { BROKER_SYSTEM } from '../../lib/src/broker/broker.names.js';
 import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
-import { brokerEventNotificationBatch } from '../../lib/src/broker/broker.setup.js';
+import { brokerEventNotificationBatch } from '../../lib/src/broker/setup/broker.setup.js';
 import type { BrokerRow, ResolvedBrokerOptions, ResolvedBrokerQueue } from '../../lib/src/broker/broker.types.js';
 import { BrokerDriverDouble, brokerError } from '../helpers/broker-driver-double.js';
 import { FakeClock, settle } from '../helpers/fake-clock.js';

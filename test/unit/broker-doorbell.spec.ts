@@ -1,12 +1,12 @@
 import { describe, expect, it, vi } from 'vitest';
-import { BrokerDoorbell } from '../../lib/src/broker/broker.doorbell.js';
-import { doorbellRingPending, receiveRings } from '../../lib/src/broker/broker.doorbell.queries.js';
+import { BrokerDoorbell } from '../../lib/src/broker/activation/broker.doorbell.js';
+import { doorbellRingPending, receiveRings } from '../../lib/src/broker/activation/broker.doorbell.queries.js';
 import { BROKER_SYSTEM } from '../../lib/src/broker/broker.names.js';
 import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
-import { endConversation } from '../../lib/src/broker/broker.receiver.queries.js';
-import { BrokerSender } from '../../lib/src/broker/broker.sender.js';
-import { brokerSetupBatches, brokerSetupScript } from '../../lib/src/broker/broker.setup.js';
-import { lockDialog, openDialog } from '../../lib/src/broker/broker.sender.queries.js';
+import { endConversation } from '../../lib/src/broker/reader/broker.receiver.queries.js';
+import { BrokerSender } from '../../lib/src/broker/sender/broker.sender.js';
+import { brokerSetupBatches, brokerSetupScript } from '../../lib/src/broker/setup/broker.setup.js';
+import { lockDialog, openDialog } from '../../lib/src/broker/sender/broker.sender.queries.js';
 import { silentLogger } from '../../lib/src/core/logger.js';
 import { BrokerDriverDouble, type HeldStatement } from '../helpers/broker-driver-double.js';
 import { CaptureLogger } from '../helpers/capture-logger.js';

@@ -1,6 +1,9 @@
 import { describe, expect, it } from 'vitest';
 import { BROKER_QUEUE_HOLD_MIN_MS, readBrokerHealth } from '../../lib/src/broker/broker.health.js';
-import { readBrokerQueueHealth, readBrokerQueueLocks } from '../../lib/src/broker/broker.listener.queries.js';
+import {
+  readBrokerQueueHealth,
+  readBrokerQueueLocks,
+} from '../../lib/src/broker/activation/broker.listener.queries.js';
 import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
 import type { BrokerRow } from '../../lib/src/broker/broker.types.js';
 import { BrokerDriverDouble, brokerError } from '../helpers/broker-driver-double.js';

@@ -1,8 +1,8 @@
 import { describe, expect, it } from 'vitest';
-import { BrokerInitiatorReader } from '../../lib/src/broker/broker.initiator.js';
+import { BrokerInitiatorReader } from '../../lib/src/broker/sender/broker.initiator.js';
 import { BROKER_SYSTEM } from '../../lib/src/broker/broker.names.js';
 import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
-import * as q from '../../lib/src/broker/broker.sender.queries.js';
+import * as q from '../../lib/src/broker/sender/broker.sender.queries.js';
 import { CaptureLogger } from '../helpers/capture-logger.js';
 import { BrokerDriverDouble, brokerError } from '../helpers/broker-driver-double.js';
 

@@ -6,7 +6,7 @@ import {
   type BrokerJobPayload,
   BROKER_JOB_FIELDS,
   BROKER_MOVE_MAX_KEPT_BYTES,
-} from '../../lib/src/broker/broker.job.js';
+} from '../../lib/src/broker/reader/broker.job.js';
 import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
 import type { BrokerMessageContext, BrokerBodyFormat } from '../../lib/src/broker/broker.types.js';
 import { SqlQueueUnrecoverableError } from '../../lib/src/core/errors.js';

@@ -5,7 +5,7 @@ import {
   readBrokerQueueHealth,
   readBrokerQueueLocks,
   receiveNotifications,
-} from '../../lib/src/broker/broker.listener.queries.js';
+} from '../../lib/src/broker/activation/broker.listener.queries.js';
 import { MSSQL_OWN_TRANSACTION_GUARD } from '../../lib/src/store/mssql/mssql.queries.js';
 import { checkTsqlWithKnownGaps } from '../helpers/tsql-grammar.js';
 

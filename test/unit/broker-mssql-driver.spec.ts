@@ -1,7 +1,11 @@
 import type sql from 'mssql';
 import { describe, expect, it } from 'vitest';
-import { MssqlBrokerDriver, MssqlBrokerSession, readerPoolConfig } from '../../lib/src/broker/broker.mssql-driver.js';
-import { readBrokerQueueHealth } from '../../lib/src/broker/broker.listener.queries.js';
+import {
+  MssqlBrokerDriver,
+  MssqlBrokerSession,
+  readerPoolConfig,
+} from '../../lib/src/broker/driver/broker.mssql-driver.js';
+import { readBrokerQueueHealth } from '../../lib/src/broker/activation/broker.listener.queries.js';
 import { mssqlConfigFromUrl } from '../../lib/src/store/mssql/mssql.config.js';
 import { SqlQueueTransactionError } from '../../lib/src/core/errors.js';
 import {

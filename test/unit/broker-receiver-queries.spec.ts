@@ -1,6 +1,6 @@
 import { constants } from 'node:buffer';
 import { describe, expect, it } from 'vitest';
-import { BROKER_JOB_FIELDS, BROKER_MOVE_MAX_KEPT_BYTES } from '../../lib/src/broker/broker.job.js';
+import { BROKER_JOB_FIELDS, BROKER_MOVE_MAX_KEPT_BYTES } from '../../lib/src/broker/reader/broker.job.js';
 import { BROKER_SYSTEM } from '../../lib/src/broker/broker.names.js';
 import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
 import {
@@ -10,7 +10,7 @@ import {
   endConversation,
   moveMessages,
   waitForMessages,
-} from '../../lib/src/broker/broker.receiver.queries.js';
+} from '../../lib/src/broker/reader/broker.receiver.queries.js';
 import type { ResolvedBrokerQueue } from '../../lib/src/broker/broker.types.js';
 import { MSSQL_AUTOCOMMIT_SESSION, mssqlEnqueueInTransaction } from '../../lib/src/store/mssql/mssql.queries.js';
 import { checkTsqlWithKnownGaps } from '../helpers/tsql-grammar.js';

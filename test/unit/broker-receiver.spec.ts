@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
-import { BrokerReceiver } from '../../lib/src/broker/broker.receiver.js';
-import { moveMessages, waitForMessages } from '../../lib/src/broker/broker.receiver.queries.js';
+import { BrokerReceiver } from '../../lib/src/broker/reader/broker.receiver.js';
+import { moveMessages, waitForMessages } from '../../lib/src/broker/reader/broker.receiver.queries.js';
 import type { QueueEventListener } from '../../lib/src/core/events.js';
 import { BrokerDriverDouble, brokerError } from '../helpers/broker-driver-double.js';
 import { CaptureLogger } from '../helpers/capture-logger.js';

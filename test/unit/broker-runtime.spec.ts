@@ -6,8 +6,8 @@ import {
   checkBrokerSetup,
   type BrokerRuntimeDeps,
 } from '../../lib/src/broker/broker.runtime.js';
-import { endClosedConversation } from '../../lib/src/broker/broker.receiver.queries.js';
-import { brokerObservationQuery, brokerSetupBatches } from '../../lib/src/broker/broker.setup.js';
+import { endClosedConversation } from '../../lib/src/broker/reader/broker.receiver.queries.js';
+import { brokerObservationQuery, brokerSetupBatches } from '../../lib/src/broker/setup/broker.setup.js';
 import type { BrokerRow, ResolvedBrokerOptions } from '../../lib/src/broker/broker.types.js';
 import { SqlQueueConfigError } from '../../lib/src/core/errors.js';
 import { silentLogger, type QueueLogger } from '../../lib/src/core/logger.js';

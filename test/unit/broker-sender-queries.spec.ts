@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
 import * as adminQueries from '../../lib/src/broker/broker.admin.queries.js';
-import * as senderQueries from '../../lib/src/broker/broker.sender.queries.js';
+import * as senderQueries from '../../lib/src/broker/sender/broker.sender.queries.js';
 import type { ResolvedBrokerQueue } from '../../lib/src/broker/broker.types.js';
 import { isLockConflict } from '../../lib/src/store/mssql/mssql.errors.js';
 import { checkTsqlWithKnownGaps } from '../helpers/tsql-grammar.js';

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
-import * as q from '../../lib/src/broker/broker.sender.queries.js';
-import { BrokerSender } from '../../lib/src/broker/broker.sender.js';
+import * as q from '../../lib/src/broker/sender/broker.sender.queries.js';
+import { BrokerSender } from '../../lib/src/broker/sender/broker.sender.js';
 import type { ResolvedBrokerQueue } from '../../lib/src/broker/broker.types.js';
 import { SqlQueueError, SqlQueueValidationError } from '../../lib/src/core/errors.js';
 import { CaptureLogger } from '../helpers/capture-logger.js';

@@ -15,7 +15,7 @@ import {
   brokerTeardownBatches,
   parseBrokerObservation,
   type BrokerSetupAssessment,
-} from '../../lib/src/broker/broker.setup.js';
+} from '../../lib/src/broker/setup/broker.setup.js';
 import type {
   BrokerDriver,
   BrokerOptions,

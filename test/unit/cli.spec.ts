@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { resolveBrokerOptions } from '../../lib/src/broker/broker.options.js';
-import { brokerGrantsScript, brokerSetupScript } from '../../lib/src/broker/broker.setup.js';
+import { brokerGrantsScript, brokerSetupScript } from '../../lib/src/broker/setup/broker.setup.js';
 import type { BrokerOptions } from '../../lib/src/broker/broker.types.js';
 import { runCli, USAGE } from '../../lib/src/cli.js';
 import { MSSQL_LATEST_VERSION, mssqlInstallScript } from '../../lib/src/store/mssql/mssql.migrations.js';

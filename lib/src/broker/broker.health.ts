@@ -1,4 +1,4 @@
-import { readBrokerQueueHealth, readBrokerQueueLocks } from './broker.listener.queries.js';
+import { readBrokerQueueHealth, readBrokerQueueLocks } from './activation/index.js';
 import { quoteBrokerObject } from './broker.names.js';
 import type {
   BrokerDriver,

@@ -8,21 +8,21 @@ import { settleWithin } from '../core/timeout.js';
 import { assertInteger } from '../core/validation.js';
 import type { MssqlQueueStore } from '../store/mssql/mssql.store.js';
 import { BrokerAdmin } from './broker.admin.js';
-import { BrokerConsumer } from './broker.consumer.js';
-import { BrokerDoorbell } from './broker.doorbell.js';
-import { brokerDeadMessage, brokerJobHandler } from './broker.job.js';
+import { BrokerConsumer } from './activation/index.js';
+import { BrokerDoorbell } from './activation/index.js';
+import { brokerDeadMessage, brokerJobHandler } from './reader/index.js';
 import { brokerSetupQueues } from './broker.options.js';
 import { readBrokerHealth } from './broker.health.js';
-import { createMssqlBrokerDriver } from './broker.mssql-driver.js';
-import { endClosedConversation } from './broker.receiver.queries.js';
-import { BrokerSender } from './broker.sender.js';
+import { createMssqlBrokerDriver } from './driver/index.js';
+import { endClosedConversation } from './reader/index.js';
+import { BrokerSender } from './sender/index.js';
 import {
   applyBrokerSetup,
   assessBrokerSetup,
   brokerBootDecision,
   brokerObservationQuery,
   parseBrokerObservation,
-} from './broker.setup.js';
+} from './setup/index.js';
 import type {
   BrokerDeadMessagePage,
   BrokerDriver,

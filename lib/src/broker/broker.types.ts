@@ -2,7 +2,7 @@ import type { JobContext, JobHandler } from '../core/consumer/index.js';
 import type { QueueOptions } from '../core/options.js';
 
 // Service Broker transport: the shapes every part of lib/src/broker/ shares. Nothing here loads
-// `mssql` (an optional peer); only broker.mssql-driver.ts does, and it is loaded on demand.
+// `mssql` (an optional peer); only driver/broker.mssql-driver.ts does, and it is loaded on demand.
 
 /** How a message body is handed to the handler: parsed JSON, the raw bytes, or XML text. */
 export type BrokerBodyFormat = 'json' | 'raw' | 'xml';
@@ -142,7 +142,7 @@ export interface BrokerMessageContext extends JobContext {
 /** A broker queue's handler as the broker runtime sees it. */
 export type BrokerHandler = (body: unknown, context: BrokerMessageContext) => Promise<void>;
 
-// ---- The driver port: what the broker needs from SQL Server. broker.mssql-driver.ts implements
+// ---- The driver port: what the broker needs from SQL Server. driver/broker.mssql-driver.ts implements
 // it over mssql; unit tests use a recorded double (no SQL Server runs on our CI machines).
 
 export type BrokerParamType = 'int' | 'bigint' | 'bit' | 'nvarchar' | 'uniqueidentifier' | 'varbinary' | 'datetime2';
@@ -317,3 +317,23 @@ export interface BrokerDoorbellApi {
   /** Calls onWake for each table queue rung; the returned function stops listening. */
   listen(onWake: (tableQueue: string) => void): Promise<() => Promise<void>>;
 }
+
+/**
+ * What a reader loop needs from a reader: the receiver (reader/broker.receiver.ts) and the initiator
+ * reader satisfy it, and tests pass fakes. One instance per loop (it owns its connection or
+ * pins one per transaction).
+ */
+export interface BrokerReaderLoop {
+  /**
+   * One round: 'empty' after a wait that found nothing, 'handled' after it took (and committed)
+   * messages, 'stopped' once stop() ended it. Rejects on a database error.
+   */
+  runOnce(): Promise<'empty' | 'handled' | 'stopped'>;
+  /** Ends the reader: cancels an idle WAITFOR at once and lets a round in flight finish; never a full rollback. */
+  stop(): unknown;
+  /** True while it is taking messages; feeds the busy count when the reader tells it. */
+  readonly busy?: boolean;
+}
+
+/** What started a receiver: a QUEUE_ACTIVATION notification, or the slow poll. */
+export type BrokerActivationSource = 'notification' | 'poll';

@@ -26,7 +26,7 @@ import type {
   ThroughputCount,
   ThroughputReading,
 } from './types.js';
-import type { ScheduleStore } from './schedules/schedule.types.js';
+import type { ScheduleStore } from './schedules/index.js';
 
 export type Dialect = 'postgres' | 'mssql';
 

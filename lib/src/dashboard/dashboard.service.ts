@@ -4,7 +4,7 @@ import { SqlQueueConfigError, SqlQueueValidationError } from '../core/errors.js'
 import { checkJobListRequest } from '../core/listing/index.js';
 import { assertJobId } from '../core/producer/index.js';
 import { THROUGHPUT_MAX_MINUTES } from '../core/throughput/index.js';
-import type { ScheduleRecord } from '../core/schedules/schedule.types.js';
+import type { ScheduleRecord } from '../core/schedules/index.js';
 import type {
   AttemptRecord,
   BlockedGroupPage,

@@ -10,8 +10,8 @@ import type {
   QueueStats,
 } from '../core/types.js';
 import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
-import { ScheduleAdmin } from '../core/schedules/schedule-admin.js';
-import type { ScheduleDefinition, ScheduleRecord } from '../core/schedules/schedule.types.js';
+import { ScheduleAdmin } from '../core/schedules/index.js';
+import type { ScheduleDefinition, ScheduleRecord } from '../core/schedules/index.js';
 import { SqlQueueSchedulerHost } from './schedules.host.js';
 import { unknownScheduleQueue } from './sql-queue.boot-checks.js';
 import { SqlQueueValidationError } from '../core/errors.js';

@@ -6,7 +6,7 @@ import {
   type OnApplicationBootstrap,
 } from '@nestjs/common';
 import { systemClock } from '../core/clock.js';
-import { SqlQueueScheduler } from '../core/schedules/scheduler.js';
+import { SqlQueueScheduler } from '../core/schedules/index.js';
 import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
 import type { SqlQueueRuntime } from './sql-queue.runtime.js';
 

@@ -29,8 +29,8 @@ import { ENQUEUE_CHUNK } from '../core/producer/index.js';
 import type { SqlQueueConnection } from '../store/create-store.js';
 import { resolveBrokerOptions } from '../broker/broker.options.js';
 import type { BrokerOptions, ResolvedBrokerOptions } from '../broker/broker.types.js';
-import { validateScheduleDefinition, type ValidScheduleDefinition } from '../core/schedules/schedule-options.js';
-import type { ScheduleDefinition } from '../core/schedules/schedule.types.js';
+import { validateScheduleDefinition, type ValidScheduleDefinition } from '../core/schedules/index.js';
+import type { ScheduleDefinition } from '../core/schedules/index.js';
 
 /** Options of `SqlQueueModule.forRoot()` / `forRootAsync()`. */
 export interface SqlQueueModuleOptions {

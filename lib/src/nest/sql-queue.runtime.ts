@@ -18,7 +18,7 @@ import type { BrokerRuntimeApi } from '../broker/broker.types.js';
 import type { MssqlQueueStore } from '../store/mssql/mssql.store.js';
 import { BROKER_NEEDS_SQL_SERVER } from './broker-handlers.js';
 import { SqlQueueConfigError } from '../core/errors.js';
-import { scheduleUpsertOf } from '../core/schedules/schedule-options.js';
+import { scheduleUpsertOf } from '../core/schedules/index.js';
 import { loadQueueTracer } from '../tracing/tracing.loader.js';
 
 const STORE_CLOSE_TIMEOUT_MS = 5_000;

@@ -8,7 +8,7 @@ import { NestFactory } from '@nestjs/core';
 import { ScheduleModule } from '@nestjs/schedule';
 import { afterAll, expect, it } from 'vitest';
 import { resolveBrokerOptions } from '../../../lib/src/broker/broker.options.js';
-import { brokerTeardownBatches } from '../../../lib/src/broker/broker.setup.js';
+import { brokerTeardownBatches } from '../../../lib/src/broker/setup/broker.setup.js';
 import { QueueHandler, QueueProducer, SqlQueueModule, type SqlQueueModuleOptions } from '../../../lib/src/index.js';
 import { messagesInQueue } from '../../helpers/broker-test-queries.js';
 import { CaptureLogger } from '../../helpers/capture-logger.js';

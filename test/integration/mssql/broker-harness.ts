@@ -10,7 +10,7 @@ import { ScheduleModule } from '@nestjs/schedule';
 import sql from 'mssql';
 import { afterAll, afterEach } from 'vitest';
 import { resolveBrokerOptions } from '../../../lib/src/broker/broker.options.js';
-import { brokerTeardownBatches } from '../../../lib/src/broker/broker.setup.js';
+import { brokerTeardownBatches } from '../../../lib/src/broker/setup/broker.setup.js';
 import type {
   BrokerObjectName,
   BrokerSnapshot,

@@ -18,7 +18,7 @@ import { randomUUID } from 'node:crypto';
 import sql from 'mssql';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { encodeBrokerBody } from '../../../lib/src/broker/broker.body.js';
-import { brokerDeadMessage, readBrokerJobPayload } from '../../../lib/src/broker/broker.job.js';
+import { brokerDeadMessage, readBrokerJobPayload } from '../../../lib/src/broker/reader/broker.job.js';
 import { resolveBrokerOptions } from '../../../lib/src/broker/broker.options.js';
 import type { ResolvedBrokerQueue } from '../../../lib/src/broker/broker.types.js';
 import type { JobRecord } from '../../../lib/src/core/types.js';

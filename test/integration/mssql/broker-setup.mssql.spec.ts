@@ -17,7 +17,7 @@
 import { randomBytes } from 'node:crypto';
 import { afterAll, expect, it } from 'vitest';
 import { quoteBrokerObject } from '../../../lib/src/broker/broker.names.js';
-import { brokerGrantsScript, brokerTeardownBatches } from '../../../lib/src/broker/broker.setup.js';
+import { brokerGrantsScript, brokerTeardownBatches } from '../../../lib/src/broker/setup/broker.setup.js';
 import sql from 'mssql';
 import {
   BROKER_ENABLED,

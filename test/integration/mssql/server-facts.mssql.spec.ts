@@ -70,16 +70,23 @@ import { randomUUID } from 'node:crypto';
 import sql from 'mssql';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { encodeBrokerBody } from '../../../lib/src/broker/broker.body.js';
-import { brokerJobBytes, readBrokerJobPayload, type BrokerJobPayload } from '../../../lib/src/broker/broker.job.js';
-import { readBrokerQueueHealth, readBrokerQueueLocks } from '../../../lib/src/broker/broker.listener.queries.js';
-import { createMssqlBrokerDriver, readerPoolConfig } from '../../../lib/src/broker/broker.mssql-driver.js';
+import {
+  brokerJobBytes,
+  readBrokerJobPayload,
+  type BrokerJobPayload,
+} from '../../../lib/src/broker/reader/broker.job.js';
+import {
+  readBrokerQueueHealth,
+  readBrokerQueueLocks,
+} from '../../../lib/src/broker/activation/broker.listener.queries.js';
+import { createMssqlBrokerDriver, readerPoolConfig } from '../../../lib/src/broker/driver/broker.mssql-driver.js';
 import { BROKER_SYSTEM, quoteBrokerObject } from '../../../lib/src/broker/broker.names.js';
 import { resolveBrokerOptions } from '../../../lib/src/broker/broker.options.js';
 import {
   endClosedConversation,
   moveMessages,
   waitForMessages,
-} from '../../../lib/src/broker/broker.receiver.queries.js';
+} from '../../../lib/src/broker/reader/broker.receiver.queries.js';
 import {
   DIALOG_GONE_ERRORS,
   giveBackInitiatorMessages,
@@ -88,13 +95,13 @@ import {
   MSSQL_HANDLE_NOT_FOUND,
   MSSQL_SEND_STATE_ERROR,
   receiveInitiator,
-} from '../../../lib/src/broker/broker.sender.queries.js';
+} from '../../../lib/src/broker/sender/broker.sender.queries.js';
 import {
   brokerEnableQueueStatement,
   brokerEventNotificationBatch,
   brokerSetupBatches,
   brokerTeardownBatches,
-} from '../../../lib/src/broker/broker.setup.js';
+} from '../../../lib/src/broker/setup/broker.setup.js';
 import type {
   BrokerObjectName,
   ResolvedBrokerOptions,

@@ -1,40 +1,23 @@
-import { readersToStart, shouldRetireAfterEmptyClaim } from '../core/consumer/index.js';
-import { PollBackoff } from '../core/backoff.js';
-import { systemClock, type Clock } from '../core/clock.js';
-import { SqlQueueConfigError } from '../core/errors.js';
-import { safeEmit, type QueueEventListener } from '../core/events.js';
-import { ThrottledErrorLog, type QueueLogger } from '../core/logger.js';
-import { settleWithin, withTimeout } from '../core/timeout.js';
+import { readersToStart, shouldRetireAfterEmptyClaim } from '../../core/consumer/index.js';
+import { PollBackoff } from '../../core/backoff.js';
+import { systemClock, type Clock } from '../../core/clock.js';
+import { SqlQueueConfigError } from '../../core/errors.js';
+import { safeEmit, type QueueEventListener } from '../../core/events.js';
+import { ThrottledErrorLog, type QueueLogger } from '../../core/logger.js';
+import { settleWithin, withTimeout } from '../../core/timeout.js';
 import { BrokerActivationListener, type BrokerListenerDeps } from './broker.listener.js';
-import { BrokerInitiatorReader } from './broker.initiator.js';
-import { BrokerReceiver } from './broker.receiver.js';
-import { brokerEventNotificationBatch } from './broker.setup.js';
+import { BrokerInitiatorReader } from '../sender/index.js';
+import { BrokerReceiver } from '../reader/index.js';
+import { brokerEventNotificationBatch } from '../setup/index.js';
 import type {
+  BrokerActivationSource,
   BrokerDriver,
   BrokerQueueSnapshot,
+  BrokerReaderLoop,
   BrokerSnapshot,
   ResolvedBrokerOptions,
   ResolvedBrokerQueue,
-} from './broker.types.js';
-
-/**
- * What a reader loop needs from a reader: the receiver (broker.receiver.ts) and the initiator
- * reader satisfy it, and tests pass fakes. One instance per loop (it owns its connection or
- * pins one per transaction).
- */
-export interface BrokerReaderLoop {
-  /**
-   * One round: 'empty' after a wait that found nothing, 'handled' after it took (and committed)
-   * messages, 'stopped' once stop() ended it. Rejects on a database error.
-   */
-  runOnce(): Promise<'empty' | 'handled' | 'stopped'>;
-  /** Ends the reader: cancels an idle WAITFOR at once and lets a round in flight finish; never a full rollback. */
-  stop(): unknown;
-  /** True while it is taking messages; feeds the busy count when the reader tells it. */
-  readonly busy?: boolean;
-}
-
-export type BrokerActivationSource = 'notification' | 'poll';
+} from '../broker.types.js';
 
 /** How long a failing reader waits before its next try: doubles from the first to the last, with jitter. */
 const ERROR_BACKOFF_MIN_MS = 250;

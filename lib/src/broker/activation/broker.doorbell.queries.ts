@@ -1,6 +1,6 @@
-import { quoteMssqlIdentifier } from '../store/mssql/mssql.identifiers.js';
-import { quoteBrokerObject } from './broker.names.js';
-import type { BrokerObjectName, ResolvedBrokerQueue } from './broker.types.js';
+import { quoteMssqlIdentifier } from '../../store/mssql/mssql.identifiers.js';
+import { quoteBrokerObject } from '../broker.names.js';
+import type { BrokerObjectName, ResolvedBrokerQueue } from '../broker.types.js';
 
 // The table-queue doorbell (broker.doorbell): rings are Service Broker messages whose body is
 // the name of a table queue that got work. One named function per statement; values are

@@ -1,12 +1,12 @@
-import { PollBackoff } from '../core/backoff.js';
-import { systemClock, type Clock } from '../core/clock.js';
-import type { QueueLogger } from '../core/logger.js';
+import { PollBackoff } from '../../core/backoff.js';
+import { systemClock, type Clock } from '../../core/clock.js';
+import type { QueueLogger } from '../../core/logger.js';
 import { doorbellRingPending, receiveRings } from './broker.doorbell.queries.js';
-import { BROKER_SYSTEM } from './broker.names.js';
-import { endConversation } from './broker.receiver.queries.js';
-import { commitOrRollback } from './broker.session.js';
-import type { BrokerSender } from './broker.sender.js';
-import type { BrokerDriver, BrokerSession, ResolvedBrokerQueue } from './broker.types.js';
+import { BROKER_SYSTEM } from '../broker.names.js';
+import { endConversation } from '../reader/index.js';
+import { commitOrRollback } from '../driver/index.js';
+import type { BrokerSender } from '../sender/index.js';
+import type { BrokerDriver, BrokerSession, ResolvedBrokerQueue } from '../broker.types.js';
 
 export interface BrokerDoorbellOptions {
   driver: BrokerDriver;

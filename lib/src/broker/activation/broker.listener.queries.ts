@@ -1,5 +1,5 @@
-import { quoteBrokerObject } from './broker.names.js';
-import type { BrokerObjectName } from './broker.types.js';
+import { quoteBrokerObject } from '../broker.names.js';
+import type { BrokerObjectName } from '../broker.types.js';
 
 // The activation listener's statements and the broker health reading: one statement, one
 // function; every value is a bound parameter, every name a validated, bracketed identifier.

@@ -1,19 +1,19 @@
-import { PollBackoff } from '../core/backoff.js';
-import { commitOrRollback } from './broker.session.js';
-import type { Clock } from '../core/clock.js';
-import { safeEmit, type QueueEventListener } from '../core/events.js';
-import { ThrottledErrorLog, type QueueLogger } from '../core/logger.js';
-import { settleWithin, withTimeout } from '../core/timeout.js';
-import type { BrokerActivationSource } from './broker.consumer.js';
+import { PollBackoff } from '../../core/backoff.js';
+import { commitOrRollback } from '../driver/index.js';
+import type { Clock } from '../../core/clock.js';
+import { safeEmit, type QueueEventListener } from '../../core/events.js';
+import { ThrottledErrorLog, type QueueLogger } from '../../core/logger.js';
+import { settleWithin, withTimeout } from '../../core/timeout.js';
 import { endBrokenNotificationDialog, pollBrokerQueue, receiveNotifications } from './broker.listener.queries.js';
-import { BROKER_EVENT, BROKER_SYSTEM, brokerObjectText, quoteBrokerObject } from './broker.names.js';
+import { BROKER_EVENT, BROKER_SYSTEM, brokerObjectText, quoteBrokerObject } from '../broker.names.js';
 import type {
+  BrokerActivationSource,
   BrokerDriver,
   BrokerRow,
   BrokerSession,
   ResolvedBrokerOptions,
   ResolvedBrokerQueue,
-} from './broker.types.js';
+} from '../broker.types.js';
 
 export interface BrokerListenerDeps {
   driver: BrokerDriver;

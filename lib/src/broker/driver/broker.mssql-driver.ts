@@ -1,11 +1,11 @@
 import sql from 'mssql';
-import { errorNumber } from '../store/mssql/mssql.errors.js';
+import { errorNumber } from '../../store/mssql/mssql.errors.js';
 import {
   MSSQL_AUTOCOMMIT_SESSION,
   MSSQL_NESTED_OWN_TRANSACTION,
   MSSQL_OWN_TRANSACTION_GUARD,
-} from '../store/mssql/mssql.queries.js';
-import { asCallerTransaction, nestedOwnTransaction, type MssqlQueueStore } from '../store/mssql/mssql.store.js';
+} from '../../store/mssql/mssql.queries.js';
+import { asCallerTransaction, nestedOwnTransaction, type MssqlQueueStore } from '../../store/mssql/mssql.store.js';
 import type {
   BrokerConnection,
   BrokerDriver,
@@ -14,7 +14,7 @@ import type {
   BrokerParamType,
   BrokerRow,
   BrokerSession,
-} from './broker.types.js';
+} from '../broker.types.js';
 
 // The only broker file that loads `mssql`: the Nest layer imports it on demand, once a
 // `broker` option is given, so an application without Service Broker never loads it.

@@ -1,4 +1,4 @@
-import type { BrokerSession } from './broker.types.js';
+import type { BrokerSession } from '../broker.types.js';
 
 /**
  * Ends a receiving transaction after a failure without rolling back what it received: commit;

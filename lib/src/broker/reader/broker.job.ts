@@ -1,14 +1,14 @@
-import { SqlQueueUnrecoverableError } from '../core/errors.js';
-import type { JobContext, JobHandler } from '../core/consumer/index.js';
-import type { JobRecord } from '../core/types.js';
-import { decodeBrokerBody, parseBrokerJson, SqlQueueBrokerBodyError } from './broker.body.js';
+import { SqlQueueUnrecoverableError } from '../../core/errors.js';
+import type { JobContext, JobHandler } from '../../core/consumer/index.js';
+import type { JobRecord } from '../../core/types.js';
+import { decodeBrokerBody, parseBrokerJson, SqlQueueBrokerBodyError } from '../broker.body.js';
 import type {
   BrokerBodyFormat,
   BrokerDeadMessage,
   BrokerHandler,
   BrokerMessageContext,
   ResolvedBrokerQueue,
-} from './broker.types.js';
+} from '../broker.types.js';
 
 // A Service Broker message after a receiver moved it into the table queue (broker.receiver):
 // one job per message, in the broker queue's table queue, in the ordered group of its

@@ -1,14 +1,14 @@
-import { assertInteger } from '../core/validation.js';
-import { quoteMssqlIdentifier } from '../store/mssql/mssql.identifiers.js';
+import { assertInteger } from '../../core/validation.js';
+import { quoteMssqlIdentifier } from '../../store/mssql/mssql.identifiers.js';
 import {
   MSSQL_AUTOCOMMIT_SESSION,
   MSSQL_TABLE_TYPES,
   mssqlEnqueueInTransaction,
-} from '../store/mssql/mssql.queries.js';
+} from '../../store/mssql/mssql.queries.js';
 import { BROKER_JOB_FIELDS, BROKER_MOVE_MAX_KEPT_BYTES } from './broker.job.js';
-import { BROKER_SYSTEM, brokerStringLiteral, quoteBrokerObject } from './broker.names.js';
-import { MSSQL_END_STATE_ERROR, MSSQL_HANDLE_NOT_FOUND } from './broker.sender.queries.js';
-import type { BrokerObjectName, ResolvedBrokerQueue } from './broker.types.js';
+import { BROKER_SYSTEM, brokerStringLiteral, quoteBrokerObject } from '../broker.names.js';
+import { MSSQL_END_STATE_ERROR, MSSQL_HANDLE_NOT_FOUND } from '../sender/index.js';
+import type { BrokerObjectName, ResolvedBrokerQueue } from '../broker.types.js';
 
 // The receiver's statements (broker.receiver.ts), one function each, SQL text only. Names are
 // validated and bracket-quoted; every value is a bound parameter or a validated integer. A

@@ -1,9 +1,8 @@
-import { safeEmit, type QueueEventListener } from '../core/events.js';
-import type { QueueLogger } from '../core/logger.js';
-import { parseBrokerErrorBody } from './broker.body.js';
-import type { BrokerReaderLoop } from './broker.consumer.js';
+import { safeEmit, type QueueEventListener } from '../../core/events.js';
+import type { QueueLogger } from '../../core/logger.js';
+import { parseBrokerErrorBody } from '../broker.body.js';
 import { moveMessages, waitForMessages } from './broker.receiver.queries.js';
-import type { BrokerConnection, BrokerDriver, ResolvedBrokerQueue } from './broker.types.js';
+import type { BrokerConnection, BrokerDriver, BrokerReaderLoop, ResolvedBrokerQueue } from '../broker.types.js';
 
 export interface BrokerReceiverOptions {
   driver: BrokerDriver;

@@ -1,9 +1,9 @@
-import { silentLogger, type QueueLogger } from '../core/logger.js';
-import { parseBrokerErrorBody } from './broker.body.js';
-import { BROKER_SYSTEM } from './broker.names.js';
+import { silentLogger, type QueueLogger } from '../../core/logger.js';
+import { parseBrokerErrorBody } from '../broker.body.js';
+import { BROKER_SYSTEM } from '../broker.names.js';
 import { giveBackInitiatorMessages, receiveInitiator, settleEndedDialog } from './broker.sender.queries.js';
-import { commitOrRollback } from './broker.session.js';
-import type { BrokerDriver, BrokerSession, ResolvedBrokerQueue } from './broker.types.js';
+import { commitOrRollback } from '../driver/index.js';
+import type { BrokerDriver, BrokerSession, ResolvedBrokerQueue } from '../broker.types.js';
 
 export interface BrokerInitiatorReaderOptions {
   driver: BrokerDriver;

@@ -1,9 +1,9 @@
-import { assertInteger } from '../core/validation.js';
-import { MSSQL_KEY_LOCK_REFUSED } from '../store/mssql/mssql.errors.js';
-import { quoteMssqlIdentifier } from '../store/mssql/mssql.identifiers.js';
-import { MSSQL_CALLER_TRANSACTION_GONE } from '../store/mssql/mssql.queries.js';
-import { brokerStringLiteral, quoteBrokerObject } from './broker.names.js';
-import type { ResolvedBrokerQueue } from './broker.types.js';
+import { assertInteger } from '../../core/validation.js';
+import { MSSQL_KEY_LOCK_REFUSED } from '../../store/mssql/mssql.errors.js';
+import { quoteMssqlIdentifier } from '../../store/mssql/mssql.identifiers.js';
+import { MSSQL_CALLER_TRANSACTION_GONE } from '../../store/mssql/mssql.queries.js';
+import { brokerStringLiteral, quoteBrokerObject } from '../broker.names.js';
+import type { ResolvedBrokerQueue } from '../broker.types.js';
 
 // The sender's and the initiator reader's T-SQL, one function per statement, SQL text only.
 // Names are validated at resolve time and bracket-quoted here; every value is a parameter.

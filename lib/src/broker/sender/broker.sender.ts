@@ -1,7 +1,7 @@
-import { SqlQueueError, SqlQueueValidationError } from '../core/errors.js';
-import { silentLogger, type QueueLogger } from '../core/logger.js';
-import { assertKeyText, assertOptionGroup } from '../core/validation.js';
-import { encodeBrokerBody } from './broker.body.js';
+import { SqlQueueError, SqlQueueValidationError } from '../../core/errors.js';
+import { silentLogger, type QueueLogger } from '../../core/logger.js';
+import { assertKeyText, assertOptionGroup } from '../../core/validation.js';
+import { encodeBrokerBody } from '../broker.body.js';
 import {
   closeDialog,
   enqueueOutbox,
@@ -10,7 +10,7 @@ import {
   openDialog,
   sendOnDialog,
 } from './broker.sender.queries.js';
-import type { BrokerDriver, BrokerParams, BrokerSession, ResolvedBrokerQueue } from './broker.types.js';
+import type { BrokerDriver, BrokerParams, BrokerSession, ResolvedBrokerQueue } from '../broker.types.js';
 
 /** Options of one send. */
 export interface BrokerSendOptions {

@@ -1,15 +1,19 @@
-import { brokerSetupQueues } from './broker.options.js';
-import { SqlQueueConfigError } from '../core/errors.js';
-import { describe } from '../core/validation.js';
-import { quoteMssqlIdentifier } from '../store/mssql/mssql.identifiers.js';
-import { mssqlMigrationLock, mssqlMigrationLockResource, mssqlRuntimeGrants } from '../store/mssql/mssql.migrations.js';
+import { brokerSetupQueues } from '../broker.options.js';
+import { SqlQueueConfigError } from '../../core/errors.js';
+import { describe } from '../../core/validation.js';
+import { quoteMssqlIdentifier } from '../../store/mssql/mssql.identifiers.js';
+import {
+  mssqlMigrationLock,
+  mssqlMigrationLockResource,
+  mssqlRuntimeGrants,
+} from '../../store/mssql/mssql.migrations.js';
 import {
   BROKER_EVENT,
   BROKER_SYSTEM,
   brokerObjectText,
   brokerStringLiteral,
   quoteBrokerObject,
-} from './broker.names.js';
+} from '../broker.names.js';
 import type {
   BrokerDriver,
   BrokerObjectName,
@@ -18,7 +22,7 @@ import type {
   BrokerSetupMode,
   ResolvedBrokerOptions,
   ResolvedBrokerQueue,
-} from './broker.types.js';
+} from '../broker.types.js';
 
 // Everything about the existence of the Service Broker objects: the DDL that creates them (run
 // at boot with setup 'auto', printed for a DBA otherwise), the least-privilege grants, the one

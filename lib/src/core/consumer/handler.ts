@@ -1,4 +1,4 @@
-import type { ScheduleTick } from '../schedules/schedule.types.js';
+import type { ScheduleTick } from '../schedules/index.js';
 import type { JobId } from '../types.js';
 
 /** What a handler knows about the job it runs. */

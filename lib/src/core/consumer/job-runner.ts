@@ -1,4 +1,4 @@
-import { parseScheduleJobKey } from '../schedules/schedule-options.js';
+import { parseScheduleJobKey } from '../schedules/index.js';
 import { SqlQueueUnrecoverableError } from '../errors.js';
 import { safeEmit } from '../events.js';
 import type { ResolvedQueueOptions } from '../options.js';

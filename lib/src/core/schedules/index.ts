@@ -14,6 +14,7 @@ export {
   assertScheduleId,
   DEFAULT_SCHEDULE_CATCH_UP,
   parseScheduleJobKey,
+  scheduleUpsertOf,
   SCHEDULE_DEFINITION_KEYS,
   SCHEDULE_JOB_OPTION_KEYS,
   scheduleJobKey,
@@ -30,4 +31,5 @@ export {
   type PlannedFiring,
   type PlanOptions,
 } from './schedule-plan.js';
+export { ScheduleAdmin } from './schedule-admin.js';
 export { SqlQueueScheduler, type SqlQueueSchedulerDeps } from './scheduler.js';

@@ -522,10 +522,10 @@ WHERE h.[Nth] = 1;`,
     // RECEIVEs it, into the broker queue's table queue, and handlers run it as a job (leases,
     // retries, the dead state). The attempt journal of the old readers, which ran handlers inside
     // their RECEIVE transaction, has nothing left to journal; their dead messages become dead jobs
-    // of their queue, in the payload a receiver writes (broker.job.ts: the body in base64), in the
+    // of their queue, in the payload a receiver writes (broker/reader/broker.job.ts: the body in base64), in the
     // ordered group of their conversation group, and the dead table goes. A body over 64 MiB (the
     // ceiling of maxPayloadBytes; only a T-SQL sender could send one) keeps only its size, as a
-    // receiver's move does (broker.job.ts BROKER_MOVE_MAX_KEPT_BYTES): its base64 could not be
+    // receiver's move does (broker/reader/broker.job.ts BROKER_MOVE_MAX_KEPT_BYTES): its base64 could not be
     // read back into one Node string. The old readers must be stopped first: they use both tables.
     batches: (schema) => {
       const s = quoteMssqlIdentifier(schema);

@@ -50,7 +50,7 @@ import type {
   ScheduleSource,
   ScheduleStore,
   ScheduleUpsert,
-} from '../../core/schedules/schedule.types.js';
+} from '../../core/schedules/index.js';
 import { assertSchemaName, INT_MAX, settingsByQueue } from '../../core/validation.js';
 import { withTimeout } from '../../core/timeout.js';
 import { errorNumber, isLockConflict, isMssqlRefusal, isTransientMssqlError } from './mssql.errors.js';

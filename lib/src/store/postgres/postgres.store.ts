@@ -49,7 +49,7 @@ import type {
   ScheduleSource,
   ScheduleStore,
   ScheduleUpsert,
-} from '../../core/schedules/schedule.types.js';
+} from '../../core/schedules/index.js';
 import { assertSchemaName, settingsByQueue } from '../../core/validation.js';
 import { settleWithin, withTimeout } from '../../core/timeout.js';
 import { asCallerTransaction, type PgDriver, type PgQueryable } from './postgres.driver.js';
