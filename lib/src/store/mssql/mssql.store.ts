@@ -30,7 +30,6 @@ import type {
   JobListPage,
   JobListRequest,
   JobRecord,
-  JobState,
   JobSummary,
   NewJob,
   OwnedJob,
@@ -75,7 +74,17 @@ import {
   mssqlQueries,
   type MssqlQueries,
 } from './mssql.queries.js';
+import {
+  type Columns,
+  jobFields,
+  newJobValues,
+  pascalCaseColumns,
+  toQueueHealth,
+  toQueueStats,
+  toScheduleRow,
+} from '../rows.js';
 
+const COLUMNS: Columns = pascalCaseColumns();
 const LOCK_CONFLICT_RETRIES = 3;
 /**
  * Rows per statement for the loops that touch a whole set (purgeDead, retryDead 'all', and the
@@ -253,21 +262,7 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
     table.columns.add('MaxAttempts', sql.Int, { nullable: true });
     table.columns.add('DefaultMaxAttempts', sql.Int, { nullable: false });
     table.columns.add('TraceContext', sql.VarChar(MAX_TRACE_CONTEXT_LENGTH), { nullable: true });
-    jobs.forEach((job, ord) =>
-      table.rows.add(
-        ord,
-        job.queue,
-        job.payload,
-        job.priority,
-        job.runAt,
-        job.delayMs,
-        job.groupKey,
-        job.idempotencyKey,
-        job.maxAttempts,
-        job.defaultMaxAttempts,
-        job.traceContext ?? null,
-      ),
-    );
+    jobs.forEach((job, ord) => table.rows.add(ord, ...newJobValues(job)));
     return table;
   }
 
@@ -454,7 +449,7 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
     const rows = await this.run<Record<string, string | number | null>>('stats', (r) =>
       r.input('queue', sql.NVarChar(128), queue),
     );
-    return toQueueStats(queue, rows[0]!);
+    return toQueueStats(queue, rows[0]!, COLUMNS);
   }
 
   async queueHealth(request: QueueHealthRequest): Promise<QueueHealth[]> {
@@ -463,12 +458,7 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
         .input('windowMs', sql.BigInt, Math.min(Math.max(0, Math.round(request.failureWindowMs)), MAX_OFFSET_MS))
         .input('repeated', sql.Int, Math.min(Math.max(1, Math.round(request.repeatedFailures)), INT_MAX)),
     );
-    return rows.map((row) => ({
-      ...toQueueStats(row.Queue as string, row),
-      recentFailures: Number(row.RecentFailures),
-      recentLeaseExpiries: Number(row.RecentLeaseExpiries),
-      repeatedlyFailing: Number(row.RepeatedlyFailing),
-    }));
+    return rows.map((row) => toQueueHealth(row, COLUMNS));
   }
 
   async getJob(id: JobId): Promise<JobRecord | null> {
@@ -683,7 +673,7 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
         return [];
       }
       const now = locked[0]!.Now;
-      const rows = locked.map(toScheduleRow);
+      const rows = locked.map((row) => toScheduleRow(row, COLUMNS));
       const firings = plan(rows, now);
       const lockedIds = new Set(rows.map((row) => row.id));
       const stray = firings.find((firing) => !lockedIds.has(firing.id));
@@ -753,12 +743,12 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
 
   async getSchedule(id: string): Promise<ScheduleRow | null> {
     const rows = await this.run<Row>('scheduleGet', (r) => r.input('id', sql.NVarChar(128), id));
-    return rows[0] ? toScheduleRow(rows[0]) : null;
+    return rows[0] ? toScheduleRow(rows[0], COLUMNS) : null;
   }
 
   async listSchedules(): Promise<ScheduleRow[]> {
     const rows = await this.run<Row>('scheduleList', () => undefined);
-    return rows.map(toScheduleRow);
+    return rows.map((row) => toScheduleRow(row, COLUMNS));
   }
 
   async deleteSchedule(id: string): Promise<boolean> {
@@ -912,63 +902,9 @@ export function asCallerTransaction(transaction: unknown): sql.Transaction {
   );
 }
 
-/** COUNT_BIG and DATEDIFF_BIG come back as bigint, which the driver hands over as strings. */
-function toQueueStats(queue: string, row: Record<string, unknown>): QueueStats {
-  return {
-    queue,
-    ready: Number(row.Ready),
-    delayed: Number(row.Delayed),
-    leased: Number(row.Leased),
-    expiredLeases: Number(row.ExpiredLeases),
-    dead: Number(row.Dead),
-    retrying: Number(row.Retrying),
-    blockedGroups: Number(row.BlockedGroups),
-    oldestReadyAgeMs: Math.max(0, Number(row.OldestReadyAgeMs ?? 0)),
-  };
-}
-
-function toScheduleRow(row: Row): ScheduleRow {
-  return {
-    id: row.Id as string,
-    queue: row.Queue as string,
-    cron: row.Cron as string,
-    timezone: row.Timezone as string,
-    payload: row.Payload as string,
-    options: row.Options as string,
-    catchUp: row.CatchUp as ScheduleRow['catchUp'],
-    paused: Boolean(row.Paused),
-    source: row.Source as ScheduleSource,
-    nextRunAt: (row.NextRunAt as Date | null) ?? null,
-    lastRunAt: (row.LastRunAt as Date | null) ?? null,
-    lastTick: (row.LastTick as Date | null) ?? null,
-    createdAt: row.CreatedAt as Date,
-    updatedAt: row.UpdatedAt as Date,
-  };
-}
-
-/** What a job record and a listed job both carry. */
-function jobFields(row: Row): Omit<JobSummary, 'payloadPreview' | 'lastErrorPreview'> {
-  return {
-    id: row.Id as string,
-    queue: row.Queue as string,
-    state: row.State as JobState,
-    priority: Number(row.Priority),
-    runAt: row.RunAt as Date,
-    groupKey: (row.GroupKey as string | null) ?? null,
-    idempotencyKey: (row.IdempotencyKey as string | null) ?? null,
-    attempts: Number(row.Attempts),
-    maxAttempts: Number(row.MaxAttempts),
-    leaseUntil: (row.LeaseUntil as Date | null) ?? null,
-    workerId: (row.WorkerId as string | null) ?? null,
-    createdAt: row.CreatedAt as Date,
-    claimedAt: (row.ClaimedAt as Date | null) ?? null,
-    finishedAt: (row.FinishedAt as Date | null) ?? null,
-  };
-}
-
 function toJobRecord(row: Row): JobRecord {
   return {
-    ...jobFields(row),
+    ...jobFields(row, COLUMNS),
     payload: JSON.parse(row.Payload as string),
     claimToken: row.ClaimToken ? (row.ClaimToken as string).toLowerCase() : null,
     lastError: (row.LastError as string | null) ?? null,
@@ -999,7 +935,7 @@ function wholeCharacters(text: string): string {
 function toJobSummary(row: Row): JobSummary {
   const lastError = (row.LastErrorPreview as string | null) ?? null;
   return {
-    ...jobFields(row),
+    ...jobFields(row, COLUMNS),
     payloadPreview: wholeCharacters(row.PayloadPreview as string),
     lastErrorPreview: lastError === null ? null : wholeCharacters(lastError),
   };

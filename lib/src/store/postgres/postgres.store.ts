@@ -56,7 +56,17 @@ import { asCallerTransaction, type PgDriver, type PgQueryable } from './postgres
 import { isPgRefusal, isTransientPgError } from './postgres.errors.js';
 import { PG_LATEST_VERSION, PG_MIGRATIONS, pgBootstrap, pgMigrationLockKey } from './postgres.migrations.js';
 import { pgQueries, type PgQueries } from './postgres.queries.js';
+import {
+  type Columns,
+  jobFields,
+  newJobValues,
+  snakeCaseColumns,
+  toQueueHealth,
+  toQueueStats,
+  toScheduleRow,
+} from '../rows.js';
 
+const COLUMNS: Columns = snakeCaseColumns();
 const PURGE_BATCH = 5_000;
 const IDEMPOTENT_ENQUEUE_ROUNDS = 3;
 /** Rounds of touchGroups before giving up: each lost round is a group created or deleted meanwhile. */
@@ -210,18 +220,7 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
 
   private async enqueueOne(job: NewJob, client: PgQueryable | null): Promise<EnqueueResult> {
     for (let round = 0; round < IDEMPOTENT_ENQUEUE_ROUNDS; round++) {
-      const rows = await this.run<{ id: string }>(client, 'enqueueOne', [
-        job.queue,
-        job.payload,
-        job.priority,
-        job.runAt,
-        job.delayMs,
-        job.groupKey,
-        job.idempotencyKey,
-        job.maxAttempts,
-        job.defaultMaxAttempts,
-        job.traceContext ?? null,
-      ]);
+      const rows = await this.run<{ id: string }>(client, 'enqueueOne', newJobValues(job));
       if (rows[0]) return { jobId: rows[0].id, created: true };
       const results: (EnqueueResult | undefined)[] = [undefined];
       await this.resolveExisting([{ job, ord: 0 }], results, client);
@@ -372,7 +371,7 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
 
   async stats(queue: string): Promise<QueueStats> {
     const rows = await this.run<Record<string, number | null>>(null, 'stats', [queue]);
-    return toQueueStats(queue, rows[0]!);
+    return toQueueStats(queue, rows[0]!, COLUMNS);
   }
 
   async queueHealth(request: QueueHealthRequest): Promise<QueueHealth[]> {
@@ -388,12 +387,7 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
       ]);
       return result.rows;
     });
-    return rows.map((row) => ({
-      ...toQueueStats(row.queue as string, row),
-      recentFailures: Number(row.recent_failures),
-      recentLeaseExpiries: Number(row.recent_lease_expiries),
-      repeatedlyFailing: Number(row.repeatedly_failing),
-    }));
+    return rows.map((row) => toQueueHealth(row, COLUMNS));
   }
 
   async getJob(id: JobId): Promise<JobRecord | null> {
@@ -726,7 +720,7 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
     return this.driver.transaction(async (client) => {
       const locked = await this.run<Row & { db_now: Date }>(client, 'scheduleLockDue', [limit]);
       if (locked.length === 0) return [];
-      const rows = locked.map(toScheduleRow);
+      const rows = locked.map((row) => toScheduleRow(row, COLUMNS));
       const firings = plan(rows, locked[0]!.db_now);
       const lockedIds = new Set(rows.map((row) => row.id));
       const stray = firings.find((firing) => !lockedIds.has(firing.id));
@@ -783,12 +777,12 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
 
   async getSchedule(id: string): Promise<ScheduleRow | null> {
     const rows = await this.driver.query<Row>(this.sql.scheduleGet, [id]);
-    return rows.rows[0] ? toScheduleRow(rows.rows[0]) : null;
+    return rows.rows[0] ? toScheduleRow(rows.rows[0], COLUMNS) : null;
   }
 
   async listSchedules(): Promise<ScheduleRow[]> {
     const rows = await this.driver.query<Row>(this.sql.scheduleList);
-    return rows.rows.map(toScheduleRow);
+    return rows.rows.map((row) => toScheduleRow(row, COLUMNS));
   }
 
   async deleteSchedule(id: string): Promise<boolean> {
@@ -970,66 +964,13 @@ function groupHeads(jobs: readonly NewJob[], results: readonly EnqueueResult[]):
   );
 }
 
-function toQueueStats(queue: string, row: Record<string, unknown>): QueueStats {
-  return {
-    queue,
-    ready: Number(row.ready),
-    delayed: Number(row.delayed),
-    leased: Number(row.leased),
-    expiredLeases: Number(row.expired_leases),
-    dead: Number(row.dead),
-    retrying: Number(row.retrying),
-    blockedGroups: Number(row.blocked_groups ?? 0),
-    oldestReadyAgeMs: Math.max(0, Number(row.oldest_ready_age_ms ?? 0)),
-  };
-}
-
 function ownedJson(items: readonly OwnedJob[]): string {
   return JSON.stringify(items.map((item) => ({ id: item.id, token: item.claimToken })));
 }
 
-function toScheduleRow(row: Row): ScheduleRow {
-  return {
-    id: row.id as string,
-    queue: row.queue as string,
-    cron: row.cron as string,
-    timezone: row.timezone as string,
-    payload: row.payload as string,
-    options: row.options as string,
-    catchUp: row.catch_up as ScheduleRow['catchUp'],
-    paused: row.paused as boolean,
-    source: row.source as ScheduleSource,
-    nextRunAt: (row.next_run_at as Date | null) ?? null,
-    lastRunAt: (row.last_run_at as Date | null) ?? null,
-    lastTick: (row.last_tick as Date | null) ?? null,
-    createdAt: row.created_at as Date,
-    updatedAt: row.updated_at as Date,
-  };
-}
-
-/** What a job record and a listed job share. */
-function jobFields(row: Row): Omit<JobSummary, 'payloadPreview' | 'lastErrorPreview'> {
-  return {
-    id: row.id as string,
-    queue: row.queue as string,
-    state: row.state as JobState,
-    priority: Number(row.priority),
-    runAt: row.run_at as Date,
-    groupKey: (row.group_key as string | null) ?? null,
-    idempotencyKey: (row.idempotency_key as string | null) ?? null,
-    attempts: Number(row.attempts),
-    maxAttempts: Number(row.max_attempts),
-    leaseUntil: (row.lease_until as Date | null) ?? null,
-    workerId: (row.worker_id as string | null) ?? null,
-    createdAt: row.created_at as Date,
-    claimedAt: (row.claimed_at as Date | null) ?? null,
-    finishedAt: (row.finished_at as Date | null) ?? null,
-  };
-}
-
 function toJobRecord(row: Row): JobRecord {
   return {
-    ...jobFields(row),
+    ...jobFields(row, COLUMNS),
     payload: row.payload,
     claimToken: (row.claim_token as string | null) ?? null,
     lastError: (row.last_error as string | null) ?? null,
@@ -1089,7 +1030,7 @@ function positionOf(state: JobState, row: Row): JobListPosition {
 
 function toJobSummary(row: Row): JobSummary {
   return {
-    ...jobFields(row),
+    ...jobFields(row, COLUMNS),
     payloadPreview: row.payload_preview as string,
     lastErrorPreview: (row.last_error_preview as string | null) ?? null,
   };

@@ -1,0 +1,8 @@
+// Fragments more than one capability's statements use.
+import type { PgTables } from './tables.js';
+
+// Whether a queue's groups stop on a dead job (recorded by its consumers; 'continue' if none).
+export function blocksOnDead(t: PgTables, queue: string): string {
+  const { settings } = t;
+  return `EXISTS (SELECT 1 FROM ${settings} s WHERE s.queue = ${queue} AND s.group_on_dead = 'block')`;
+}
