@@ -7,7 +7,7 @@ export const PG_URL = process.env.SQLQUEUE_PG_URL ?? 'postgres://postgres@127.0.
 /**
  * SQL Server, absent on most machines (`npm run test:mssql` needs both): a database with
  * READ_COMMITTED_SNAPSHOT off (the SQL Server default) and one with it on (the Azure SQL
- * default), on the same server or not. See README, "Running the contract suite against SQL Server".
+ * default), on the same server or not. See docs/sql-server.md, "Running the contract suite against SQL Server".
  */
 export const MSSQL_URL = process.env.SQLQUEUE_MSSQL_URL ?? '';
 export const MSSQL_RCSI_URL = process.env.SQLQUEUE_MSSQL_RCSI_URL ?? '';

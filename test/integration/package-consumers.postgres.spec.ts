@@ -1,6 +1,5 @@
 import { spawn, spawnSync } from 'node:child_process';
 import {
-  copyFileSync,
   cpSync,
   mkdirSync,
   mkdtempSync,
@@ -344,8 +343,10 @@ describe('the packed package in a CommonJS and an ESM application', () => {
     // packed, and other test files or a build writing dist/ at the same time cannot race this one.
     const stage = join(work, 'stage');
     cpSync(join(ROOT, 'lib/src'), join(stage, 'lib/src'), { recursive: true });
-    for (const file of ['tsconfig.json', 'lib/tsconfig.lib.json', 'package.json', ...MANIFEST.files]) {
-      if (!file.startsWith('dist')) copyFileSync(join(ROOT, file), join(stage, file));
+    for (const entry of ['tsconfig.json', 'lib/tsconfig.lib.json', 'package.json', ...MANIFEST.files]) {
+      // A pattern (docs/*.md) is staged as its folder; npm pack applies the pattern itself.
+      const path = entry.includes('*') ? dirname(entry) : entry;
+      if (!entry.startsWith('dist')) cpSync(join(ROOT, path), join(stage, path), { recursive: true });
     }
     symlinkSync(join(ROOT, 'node_modules'), join(stage, 'node_modules'), 'dir');
     // The build's library half (tsc, then the dashboard's assets beside the output).
@@ -398,12 +399,14 @@ describe('the packed package in a CommonJS and an ESM application', () => {
 
   it('ships the build and the docs only, every export and the bin included, and no optional peer', () => {
     const shipped = filesUnder(installed).map((file) => relative(installed, file));
-    expect(shipped.filter((file) => !file.startsWith('dist/lib/')).sort()).toEqual([
-      'CHANGELOG.md',
-      'LICENSE',
-      'README.md',
-      'package.json',
-    ]);
+    // The guides ship beside the README, so its links work in node_modules too (not the screenshots).
+    const guides = readdirSync(join(ROOT, 'docs'))
+      .filter((file) => file.endsWith('.md'))
+      .map((file) => `docs/${file}`);
+    expect(guides.length).toBeGreaterThan(3);
+    expect(shipped.filter((file) => !file.startsWith('dist/lib/')).sort()).toEqual(
+      ['CHANGELOG.md', 'LICENSE', 'README.md', 'package.json', ...guides].sort(),
+    );
     expect(shipped.filter((file) => /\.ts$/.test(file) && !file.endsWith('.d.ts'))).toEqual([]);
     const exported = Object.entries(MANIFEST.exports).filter(([entry]) => entry !== './package.json');
     expect(exported.map(([entry]) => entry).sort()).toEqual(Object.keys(ENTRY_POINTS).sort());

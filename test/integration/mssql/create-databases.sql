@@ -1,4 +1,4 @@
--- The two databases `npm run test:mssql` runs against (README, "Running the contract suite
+-- The two databases `npm run test:mssql` runs against (docs/sql-server.md, "Running the contract suite
 -- against SQL Server"). docker-compose.mssql.yml and the CI workflow run this file with
 -- `sqlcmd -b -i`; running it again changes nothing. test/unit/tsql-grammar.spec.ts parses it.
 --

@@ -62,7 +62,7 @@ export async function assertDatabaseRole(db: MssqlDatabase): Promise<void> {
       `${db.env} names database '${settings?.Database}' with READ_COMMITTED_SNAPSHOT ${rcsi ? 'ON' : 'OFF'} and ` +
         `ALLOW_SNAPSHOT_ISOLATION ${settings?.SnapshotIsolation}; it must have READ_COMMITTED_SNAPSHOT ` +
         `${db.readCommittedSnapshot ? 'ON' : 'OFF'}${db.snapshotIsolation ? ' and ALLOW_SNAPSHOT_ISOLATION ON' : ''}: ` +
-        'run test/integration/mssql/create-databases.sql (README, "Running the contract suite against SQL Server")',
+        'run test/integration/mssql/create-databases.sql (docs/sql-server.md, "Running the contract suite against SQL Server")',
     );
   }
 }
@@ -71,7 +71,7 @@ export async function assertDatabaseRole(db: MssqlDatabase): Promise<void> {
 function missing(db: MssqlDatabase): void {
   it.skipIf(!REQUIRED)(`needs ${db.env} (npm run test:mssql)`, () => {
     throw new Error(
-      `${db.env} is not set: point it at the ${db.label} database (README, "Running the contract suite against SQL Server")`,
+      `${db.env} is not set: point it at the ${db.label} database (docs/sql-server.md, "Running the contract suite against SQL Server")`,
     );
   });
 }
