@@ -78,6 +78,7 @@ export type {
   JobId,
   JobRecord,
   JobState,
+  QueuePause,
   QueueStats,
   QueueHealth,
   QueueHealthRequest,

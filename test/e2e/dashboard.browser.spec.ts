@@ -477,6 +477,27 @@ describe.skipIf(!browserTestsEnabled)('dashboard page in Chromium', () => {
     expect((await main.producer.getJob(jobId))?.queue).toBe('reports');
   });
 
+  it('pauses a queue from its page, the overview marks it, and resumes it', async () => {
+    await show('#/queues/reports/ready');
+    await page.getByTestId('queue-pause').click();
+    await waitForTestIdText(page, 'queue-paused', (t) => t === 'paused');
+    expect((await main.producer.stats('reports')).paused).toBe(true);
+    await show('#/');
+    await waitFor(
+      () => countOf(page, '[data-testid="paused-reports"]'),
+      (n) => n === 1,
+      { what: 'the overview marking the queue paused' },
+    );
+    await show('#/queues/reports/ready');
+    await page.getByTestId('queue-resume').click();
+    await waitFor(
+      () => countOf(page, '[data-testid="queue-pause"]'),
+      (n) => n === 1,
+      { what: 'the pause button back' },
+    );
+    expect((await main.producer.stats('reports')).paused).toBe(false);
+  });
+
   it('pages through a long list with Next page and First page', async () => {
     await bulk;
     await waitFor(

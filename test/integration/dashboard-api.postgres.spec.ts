@@ -267,6 +267,7 @@ describe.each(['express', 'fastify'] as const)('dashboard over HTTP on %s', (ada
       retrying: 0,
       blockedGroups: 0,
       oldestReadyAgeMs: expect.any(Number),
+      paused: false,
       recentFailures: 1,
       recentLeaseExpiries: 0,
       repeatedlyFailing: 0,
@@ -491,6 +492,36 @@ describe.each(['express', 'fastify'] as const)('dashboard over HTTP on %s', (ada
     expect((unknown.body as { message: string }).message).toMatch(/^no schedule 'no-such-schedule'/);
   });
 
+  it('pauses and resumes a queue for every instance; the overview shows it at once; a bad reason is a 400', async () => {
+    const queue = q('pausable');
+    const { token, cookie } = await dash.session();
+    const act = (action: string, body: unknown = {}) =>
+      dash.request(`/queues/api/queues/${queue}/${action}`, { body, headers: { cookie, 'x-sqlqueue-csrf': token } });
+    const overviewRow = async () =>
+      (
+        (await dash.request('/queues/api/overview')).body as { queues: { queue: string; paused: boolean }[] }
+      ).queues.find((row) => row.queue === queue);
+    expect(await act('pause', { reason: 'incident' })).toMatchObject({ status: 200, body: { paused: true } });
+    expect(await act('pause')).toMatchObject({ status: 200, body: { paused: false } });
+    expect(await dash.producer.listPausedQueues()).toContainEqual(
+      expect.objectContaining({ queue, reason: 'incident' }),
+    );
+    expect(await overviewRow()).toMatchObject({ queue, paused: true });
+    expect(await act('resume')).toMatchObject({ status: 200, body: { resumed: true } });
+    // A queue with no job and no pause has nothing to show: it leaves the overview.
+    expect((await overviewRow())?.paused ?? false).toBe(false);
+    expect(await act('resume')).toMatchObject({ status: 200, body: { resumed: false } });
+    for (const [body, message] of [
+      [{ reason: 42 }, /reason must be a string of at most 1000 characters/],
+      [{ why: 'x' }, /unknown option 'why'/],
+    ] as const) {
+      const reply = await act('pause', body);
+      expect(reply.status, JSON.stringify(reply.body)).toBe(400);
+      expect((reply.body as { message: string }).message).toMatch(message);
+    }
+    expect(await dash.producer.listPausedQueues()).not.toContainEqual(expect.objectContaining({ queue }));
+  });
+
   it('lists ordered groups a dead job blocks', async () => {
     const queue = q('groups');
     await dash.store.recordQueueSettings([{ queue, maxAttempts: 1, groupOnDead: 'block' }]);
@@ -552,6 +583,8 @@ describe.each(['express', 'fastify'] as const)(
         [`/admin/queues/api/queues/${queue}/dead/retry`, { all: true }],
         [`/admin/queues/api/queues/${queue}/dead/purge`, { ids: [id] }],
         [`/admin/queues/api/schedules/${adapter}-ro/trigger`, {}],
+        [`/admin/queues/api/queues/${queue}/pause`, {}],
+        [`/admin/queues/api/queues/${queue}/resume`, {}],
       ] as const) {
         const reply = await dash.request(path, { body, headers });
         expect(reply.status, path).toBe(403);
@@ -559,6 +592,7 @@ describe.each(['express', 'fastify'] as const)(
       }
       expect((await dash.store.getJob(id))!.state).toBe('dead');
       expect((await dash.store.listJobs({ queue: `${adapter}-idle-ro`, state: 'ready', limit: 10 })).jobs).toEqual([]);
+      expect((await dash.store.stats(queue)).paused).toBe(false);
     });
   },
 );

@@ -210,6 +210,7 @@ import {
   SqlQueueModule,
   type JobContext,
   type QueueJobHandler,
+  type QueuePause,
   type SqlQueueConnection,
   type SqlQueueModuleOptions,
 } from '${NAME}';
@@ -248,6 +249,12 @@ export class PingService {
     } finally {
       client.release();
     }
+  }
+
+  async pauseForMaintenance(): Promise<QueuePause[]> {
+    const paused: boolean = await this.producer.pauseQueue('ping', { reason: 'maintenance' });
+    if (paused && (await this.producer.stats('ping')).paused) await this.producer.resumeQueue('ping');
+    return this.producer.listPausedQueues();
   }
 }
 

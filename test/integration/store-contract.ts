@@ -641,6 +641,75 @@ export function describeStoreContract(target: StoreTarget): void {
       });
     });
 
+    describe('job control: pausing a queue (issue 23)', () => {
+      it('a paused queue leases nothing (ready, due delayed, grouped), reports paused, and claims again once resumed', async () => {
+        const queue = newQueue('paused');
+        const other = newQueue('unpaused');
+        await store.enqueue([
+          job(queue, { n: 1 }),
+          job(queue, { n: 2 }, { groupKey: 'g' }),
+          job(queue, { n: 3 }, { delayMs: 1 }),
+        ]);
+        await store.enqueue([job(other, { n: 4 })]);
+        expect(await store.pauseQueue(queue, 'incident 42')).toBe(true);
+        // A second pause changes nothing and keeps the first reason.
+        expect(await store.pauseQueue(queue, 'another reason')).toBe(false);
+        await new Promise((resolve) => setTimeout(resolve, 20)); // the delayed job is due now
+        expect(await store.claim({ queue, limit: 10, leaseMs: 30_000, workerId: WORKER })).toEqual([]);
+        expect(await store.claim({ queue, limit: 10, leaseMs: 30_000, workerId: WORKER, groupBatchSize: 5 })).toEqual(
+          [],
+        );
+        expect(await store.hasClaimableWork(queue)).toBe(false);
+        // Enqueue still works, and other queues are not affected.
+        await store.enqueue([job(queue, { n: 5 })]);
+        expect((await store.claim({ queue: other, limit: 10, leaseMs: 30_000, workerId: WORKER })).length).toBe(1);
+        const stats = await store.stats(queue);
+        expect(stats).toMatchObject({ paused: true, ready: 4, leased: 0 });
+        expect((await store.stats(other)).paused).toBe(false);
+        const paused = (await store.listPausedQueues()).find((p) => p.queue === queue);
+        expect(paused).toEqual({ queue, reason: 'incident 42', pausedAt: expect.any(Date) });
+        expect(Math.abs(paused!.pausedAt.getTime() - Date.now())).toBeLessThan(60_000);
+        const health = await store.queueHealth({ failureWindowMs: 60_000, repeatedFailures: 3 });
+        expect(health.find((q) => q.queue === queue)?.paused).toBe(true);
+        expect(health.find((q) => q.queue === other)?.paused).toBe(false);
+
+        expect(await store.resumeQueue(queue)).toBe(true);
+        expect(await store.resumeQueue(queue)).toBe(false);
+        expect(await store.hasClaimableWork(queue)).toBe(true);
+        const claimed = await store.claim({ queue, limit: 10, leaseMs: 30_000, workerId: WORKER });
+        expect(claimed.map((c) => (c.payload as { n: number }).n).sort()).toEqual([1, 2, 3, 5]);
+        expect((await store.stats(queue)).paused).toBe(false);
+        expect((await store.listPausedQueues()).some((p) => p.queue === queue)).toBe(false);
+      });
+
+      it('jobs leased before the pause heartbeat, complete and fail as usual while it lasts', async () => {
+        const queue = newQueue('paused-running');
+        await store.enqueue([job(queue, { n: 1 }), job(queue, { n: 2 })]);
+        const [first, second] = await store.claim({ queue, limit: 2, leaseMs: 30_000, workerId: WORKER });
+        expect(await store.pauseQueue(queue, null)).toBe(true);
+        const owned = (c: ClaimedJob) => ({ id: c.id, claimToken: c.claimToken });
+        const [beat] = await store.heartbeat([{ ...owned(first!), leaseMs: 30_000, maxDurationMs: null }]);
+        expect(beat).toMatchObject({ id: first!.id, outcome: 'ok' });
+        expect(await store.complete([owned(first!)])).toEqual([{ id: first!.id, outcome: 'ok' }]);
+        expect((await store.fail([failure(second!, 'boom')]))[0]?.outcome).toBe('ok');
+        // The failed job is ready again, and waits for the resume.
+        expect(await store.claim({ queue, limit: 2, leaseMs: 30_000, workerId: WORKER })).toEqual([]);
+        expect((await store.listPausedQueues()).find((p) => p.queue === queue)?.reason).toBeNull();
+        await store.resumeQueue(queue);
+        expect((await store.claim({ queue, limit: 2, leaseMs: 30_000, workerId: WORKER })).map((c) => c.id)).toEqual([
+          second!.id,
+        ]);
+      });
+
+      it('a paused queue with no jobs is still listed by queueHealth, as paused', async () => {
+        const queue = newQueue('paused-empty');
+        await store.pauseQueue(queue, 'empty');
+        const health = await store.queueHealth({ failureWindowMs: 60_000, repeatedFailures: 3 });
+        expect(health.find((q) => q.queue === queue)).toMatchObject({ queue, ready: 0, paused: true });
+        await store.resumeQueue(queue);
+      });
+    });
+
     describe('ownership: complete, fail, heartbeat, release', () => {
       it('completes with the current token; a repeat with the same token is "already", not lost', async () => {
         const queue = newQueue('done');
@@ -901,6 +970,7 @@ export function describeStoreContract(target: StoreTarget): void {
           retrying: 0,
           blockedGroups: 0,
           oldestReadyAgeMs: 0,
+          paused: false,
         });
         await store.enqueue([job(queue, { old: true }, { runAt: new Date(Date.now() - 120_000) })]);
         await store.enqueue([job(queue, { a: 1 }), job(queue, { a: 2 }), job(queue, { a: 3 }), job(queue, { a: 4 })]);
@@ -1405,6 +1475,7 @@ export function describeStoreContract(target: StoreTarget): void {
           recentFailures: 4,
           recentLeaseExpiries: 1,
           oldestReadyAgeMs: expect.any(Number),
+          paused: false,
         });
         const stats = await store.stats(queue);
         const { recentFailures, recentLeaseExpiries, repeatedlyFailing, ...live } = health!;

@@ -160,6 +160,23 @@ describe('SqlQueueHealthIndicator.backlog', () => {
     });
   });
 
+  it('holds no waiting figure against a paused queue: its ready jobs wait on purpose (expired leases and dead still count)', async () => {
+    const limits = { queue: 'emails', maxOldestReadyAgeMs: 60_000, maxReady: 10, maxExpiredLeases: 0, maxDead: 10 };
+    const waiting = { oldestReadyAgeMs: 3_600_000, ready: 5_000 };
+    const paused = await indicator({ stats: async () => stats({ ...waiting, paused: true }) }).backlog('b', limits);
+    expect(paused.b).toMatchObject({ status: 'up', paused: true, ready: 5_000 });
+    const pausedAndLeaking = await indicator({
+      stats: async () => stats({ ...waiting, paused: true, expiredLeases: 1, dead: 11 }),
+    }).backlog('b', limits);
+    expect(pausedAndLeaking.b).toMatchObject({ status: 'down', exceeded: ['expiredLeases 1 > 0', 'dead 11 > 10'] });
+    const running = await indicator({ stats: async () => stats(waiting) }).backlog('b', limits);
+    expect(running.b).toMatchObject({
+      status: 'down',
+      paused: false,
+      exceeded: ['oldestReadyAgeMs 3600000 > 60000', 'ready 5000 > 10'],
+    });
+  });
+
   it('is down, without throwing, for an invalid queue name or statistics that never come', async () => {
     expect((await indicator().backlog('b', { queue: 'not a queue' })).b).toMatchObject({
       status: 'down',

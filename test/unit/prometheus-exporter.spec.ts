@@ -29,6 +29,7 @@ function setup(options: { registry?: Registry; reading?: () => QueueHealthReadin
         retrying: 1,
         blockedGroups: 3,
         oldestReadyAgeMs: 90_000,
+        paused: true,
         recentFailures: 5,
         recentLeaseExpiries: 1,
         repeatedlyFailing: 1,
@@ -125,6 +126,7 @@ describe('SqlQueuePrometheusExporter', () => {
     expect(sampleValue(m, 'sqlqueue_oldest_ready_age_seconds', q)).toBe(90);
     expect(sampleValue(m, 'sqlqueue_expired_leases', q)).toBe(1);
     expect(sampleValue(m, 'sqlqueue_blocked_groups', q)).toBe(3);
+    expect(sampleValue(m, 'sqlqueue_queue_paused', q)).toBe(1);
     expect(sampleValue(m, 'sqlqueue_group_repairs_total', q)).toBe(1);
     expect(sampleValue(m, 'sqlqueue_recent_failures', { ...q, outcome: 'lease_expired' })).toBe(1);
     expect(sampleValue(m, 'sqlqueue_readers', q)).toBe(2);

@@ -164,6 +164,21 @@ describe('unknown enqueue options are refused before the database is touched', (
     await expect(producer.purgeDead('emails', { ids: 'all' as never })).rejects.toThrow(SqlQueueValidationError);
   });
 
+  it('checks pauseQueue and resumeQueue arguments before the database', async () => {
+    await expect(producer.pauseQueue('not a queue')).rejects.toThrow(/queue name/);
+    await expect(producer.pauseQueue('emails', { reason: 42 } as never)).rejects.toThrow(
+      "pauseQueue('emails'): reason must be a string of at most 1000 characters, got 42",
+    );
+    await expect(producer.pauseQueue('emails', { reason: 'x'.repeat(1001) })).rejects.toThrow(
+      /reason must be a string of at most 1000 characters/,
+    );
+    await expect(producer.pauseQueue('emails', { reason: 'a\u0000b' })).rejects.toThrow(/U\+0000/);
+    await expect(producer.pauseQueue('emails', { why: 'x' } as never)).rejects.toThrow(
+      /pauseQueue options: unknown option 'why'; valid options: reason/,
+    );
+    await expect(producer.resumeQueue('')).rejects.toThrow(SqlQueueValidationError);
+  });
+
   it('suggests a near name only when one is clearly nearest', () => {
     const names = ['minReaders', 'maxReaders', 'maxAttempts', 'maxPollMs'];
     expect(nearestName('maxAttempt', names)).toBe('maxAttempts');

@@ -20,6 +20,7 @@ import type {
   OwnedJob,
   QueueHealth,
   QueueHealthRequest,
+  QueuePause,
   QueueSetting,
   QueueStats,
   ReapedJob,
@@ -103,6 +104,19 @@ export interface QueueStore extends ScheduleStore {
    * and checked on a later pass).
    */
   repairGroups(limit: number): Promise<GroupRepair[]>;
+
+  /**
+   * Pauses a queue for every instance: from this statement's commit on, no claim of the queue
+   * leases a job (the claim itself checks), until resumeQueue. True when this call paused it,
+   * false when it was paused already (the first reason stays).
+   */
+  pauseQueue(queue: string, reason: string | null): Promise<boolean>;
+
+  /** Ends a queue's pause; true when it was paused. */
+  resumeQueue(queue: string): Promise<boolean>;
+
+  /** Every paused queue, by name. */
+  listPausedQueues(): Promise<QueuePause[]>;
 
   /** Cheap probe: is there at least one due job that no one holds? Never waits on open transactions. */
   hasClaimableWork(queue: string): Promise<boolean>;

@@ -194,6 +194,17 @@ export interface QueueStats {
   retrying: number;
   /** Ordered groups stopped by a dead job (`groupOnDead: 'block'`) until it is retried or purged. */
   blockedGroups: number;
+  /** Paused (`pauseQueue`): no instance claims from it until `resumeQueue`. */
+  paused: boolean;
+}
+
+/** A queue paused with `pauseQueue`, as stored in the database. */
+export interface QueuePause {
+  queue: string;
+  /** What the operator said, or null. */
+  reason: string | null;
+  /** When the pause was stored (database clock). */
+  pausedAt: Date;
 }
 
 /** An ordered group stopped by a dead job under `groupOnDead: 'block'`. */

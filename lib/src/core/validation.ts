@@ -171,6 +171,25 @@ export function assertKeyText(where: string, name: string, value: unknown): stri
   return value;
 }
 
+/** The most characters of an operator's reason (a pause's, a cancellation's), as the columns hold. */
+export const REASON_MAX_LENGTH = 1_000;
+
+/** An operator's reason (`{ reason }` of pauseQueue): absent (null), or text of at most REASON_MAX_LENGTH characters. */
+export function assertReason(where: string, value: unknown): string | null {
+  if (value === undefined || value === null) return null;
+  if (typeof value !== 'string' || value.length > REASON_MAX_LENGTH) {
+    throw new SqlQueueValidationError(
+      `${where}: reason must be a string of at most ${REASON_MAX_LENGTH} characters, got ${describe(value)}`,
+    );
+  }
+  if (UNSTORABLE_CHAR.test(value)) {
+    throw new SqlQueueValidationError(
+      `${where}: reason contains U+0000 or an unpaired surrogate, which cannot be stored as text`,
+    );
+  }
+  return value;
+}
+
 export function describe(value: unknown): string {
   if (typeof value === 'string') return `'${value.length > 60 ? `${value.slice(0, 60)}…` : value}'`;
   if (typeof value === 'bigint') return `${value}n`;

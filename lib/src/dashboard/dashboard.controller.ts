@@ -133,6 +133,20 @@ export class DashboardControllerBase {
     return this.service.purgeDead(queue, body);
   }
 
+  @Post('api/queues/:queue/pause')
+  @HttpCode(200)
+  pauseQueue(@Req() request: DashboardRequest, @Param('queue') queue: string, @Body() body: unknown) {
+    this.allowAction(request);
+    return this.service.pauseQueue(queue, body);
+  }
+
+  @Post('api/queues/:queue/resume')
+  @HttpCode(200)
+  resumeQueue(@Req() request: DashboardRequest, @Param('queue') queue: string) {
+    this.allowAction(request);
+    return this.service.resumeQueue(queue);
+  }
+
   @Post('api/schedules/:id/pause')
   @HttpCode(200)
   pauseSchedule(@Req() request: DashboardRequest, @Param('id') id: string) {

@@ -189,6 +189,29 @@ export class SqlQueueDashboardService implements OnModuleInit {
     };
   }
 
+  /** Pauses a queue on every instance, `{ reason? }`; `paused` is false when it was paused already. */
+  async pauseQueue(queue: unknown, body: unknown): Promise<{ paused: boolean }> {
+    const reason = reasonOf(body);
+    const paused = await this.parts.producer.pauseQueue(
+      queue as string,
+      reason === undefined ? {} : { reason: reason as string },
+    );
+    await this.freshOverview();
+    return { paused };
+  }
+
+  /** Ends a queue's pause; `resumed` is false when it was not paused. */
+  async resumeQueue(queue: unknown): Promise<{ resumed: boolean }> {
+    const resumed = await this.parts.producer.resumeQueue(queue as string);
+    await this.freshOverview();
+    return { resumed };
+  }
+
+  /** After a pause or resume, the shared reading is read again, so the page shows the change at once. */
+  private async freshOverview(): Promise<void> {
+    await this.parts.metrics.readDatabase({ maxAgeMs: 0 }).catch(() => undefined);
+  }
+
   async pauseSchedule(id: unknown): Promise<{ ok: true }> {
     await this.parts.producer.pauseSchedule(await this.existingSchedule(id));
     return { ok: true };
@@ -227,6 +250,17 @@ function deadJobsOf(body: unknown): JobId[] | 'all' {
     throw new SqlQueueValidationError(`${shape}, got ids ${Array.isArray(ids) ? `of ${ids.length}` : describe(ids)}`);
   }
   return ids.map((id) => assertJobId(id));
+}
+
+/** `{ reason? }` from a pause's JSON body; the producer checks the reason itself. */
+function reasonOf(body: unknown): unknown {
+  const { reason } = assertOptionGroup<{ reason?: unknown }>(
+    'request body',
+    (body ?? undefined) as object | undefined,
+    ['reason'],
+    SqlQueueValidationError,
+  );
+  return reason;
 }
 
 /** An integer from a query string (absent or empty: `fallback`). */

@@ -7,6 +7,7 @@ import type {
   EnqueueResult,
   JobId,
   JobRecord,
+  QueuePause,
   QueueStats,
 } from '../core/types.js';
 import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
@@ -101,6 +102,27 @@ export class QueueProducer {
   /** Deletes dead jobs of a queue: all, only those dead longer than `olderThanMs`, or only `ids`. */
   purgeDead(queue: string, options?: { olderThanMs?: number; ids?: readonly JobId[] }): Promise<number> {
     return this.runtime.producer.purgeDead(queue, options);
+  }
+
+  /**
+   * Pauses a queue on every instance. The pause is stored in the database: it survives restarts
+   * and holds for instances that boot later. From its commit on no claim leases a job of the
+   * queue (readers notice within one poll interval, as for an idle queue); running jobs finish
+   * and their completions are written; enqueue still works. Returns true when this call paused
+   * the queue, false when it was paused already (the first reason stays).
+   */
+  pauseQueue(queue: string, options?: { reason?: string }): Promise<boolean> {
+    return this.runtime.producer.pauseQueue(queue, options);
+  }
+
+  /** Ends a queue's pause and wakes its readers (here at once, elsewhere through NOTIFY or the doorbell); true when it was paused. */
+  resumeQueue(queue: string): Promise<boolean> {
+    return this.runtime.producer.resumeQueue(queue);
+  }
+
+  /** Every paused queue, with its reason and when it was paused, by name. */
+  listPausedQueues(): Promise<QueuePause[]> {
+    return this.runtime.producer.listPausedQueues();
   }
 
   /**

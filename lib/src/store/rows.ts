@@ -74,6 +74,7 @@ export function toQueueStats(queue: string, row: Row, c: Columns): QueueStats {
     retrying: Number(row[c.retrying]),
     blockedGroups: Number(row[c.blockedGroups] ?? 0),
     oldestReadyAgeMs: Math.max(0, Number(row[c.oldestReadyAgeMs] ?? 0)),
+    paused: row[c.paused] === true || row[c.paused] === 1,
   };
 }
 

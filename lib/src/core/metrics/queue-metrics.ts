@@ -261,6 +261,7 @@ export function emptyQueueHealth(queue: string): QueueHealth {
     retrying: 0,
     blockedGroups: 0,
     oldestReadyAgeMs: 0,
+    paused: false,
     recentFailures: 0,
     recentLeaseExpiries: 0,
     repeatedlyFailing: 0,

@@ -11,9 +11,17 @@ import type {
   JobId,
   JobRecord,
   NewJob,
+  QueuePause,
   QueueStats,
 } from '../types.js';
-import { assertInteger, assertOptionGroup, assertQueueName, describe, MAX_AGE_MS } from '../validation.js';
+import {
+  assertInteger,
+  assertOptionGroup,
+  assertQueueName,
+  assertReason,
+  describe,
+  MAX_AGE_MS,
+} from '../validation.js';
 import { ENQUEUE_OPTION_KEYS, prepareJob, withTraceContext } from './job-validation.js';
 import type { RemoteWaker, WakeBus } from '../wake.js';
 
@@ -197,6 +205,30 @@ export class QueueProducerCore {
     // A purged job may have blocked an ordered group, whose next job can run now.
     if (purged > 0) this.wake(queue);
     return purged;
+  }
+
+  /**
+   * Pauses a queue on every instance: stored in the database, so it holds across restarts and
+   * for instances that boot later. No claim leases a job of it until resumeQueue; running jobs
+   * finish; enqueue still works. True when this call paused it, false when it was paused already.
+   */
+  async pauseQueue(queue: string, options: { reason?: string } = {}): Promise<boolean> {
+    assertQueueName(queue);
+    const { reason } = assertOptionGroup('pauseQueue options', options, ['reason'], SqlQueueValidationError);
+    return this.store.pauseQueue(queue, assertReason(`pauseQueue('${queue}')`, reason));
+  }
+
+  /** Ends a queue's pause and wakes its readers; true when it was paused. */
+  async resumeQueue(queue: string): Promise<boolean> {
+    assertQueueName(queue);
+    const resumed = await this.store.resumeQueue(queue);
+    if (resumed) this.wake(queue);
+    return resumed;
+  }
+
+  /** Every paused queue, with its reason and when it was paused. */
+  async listPausedQueues(): Promise<QueuePause[]> {
+    return this.store.listPausedQueues();
   }
 
   /** Ordered groups stopped by a dead job (`groupOnDead: 'block'`), by group key, `limit` (default 50) per page. */

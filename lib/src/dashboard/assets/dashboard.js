@@ -244,6 +244,7 @@ const api = {
   retryDead: (queue, selection) => postJson(`api/queues/${encodeURIComponent(queue)}/dead/retry`, selection),
   purgeDead: (queue, selection) => postJson(`api/queues/${encodeURIComponent(queue)}/dead/purge`, selection),
   schedule: (id, action) => postJson(`api/schedules/${encodeURIComponent(id)}/${action}`, {}),
+  queueControl: (queue, action) => postJson(`api/queues/${encodeURIComponent(queue)}/${action}`, {}),
 };
 
 /** The overview feeds the overview page and the state tabs' counts; the last reading is kept. */
@@ -752,7 +753,12 @@ class OverviewView extends View {
     return h(
       'tr',
       { testid: `queue-row-${name}` },
-      h('td', { class: 'queue-name' }, h('a', { href: href.queue(name) }, name)),
+      h(
+        'td',
+        { class: 'queue-name' },
+        h('a', { href: href.queue(name) }, name),
+        queue.paused ? h('span', { class: 'pill pill-paused', testid: `paused-${name}` }, 'paused') : null,
+      ),
       OVERVIEW_COLUMNS.map(countCell),
       h(
         'td',
@@ -823,8 +829,32 @@ function queueTabs(queue, active) {
   );
 }
 
-function queueHead(queue, section) {
-  return pageHead([['Overview', href.overview()]], queue, h('span', { class: 'subtitle' }, section));
+/** A queue page's title: its name, whether it is paused, and (unless read-only) the pause or resume button. */
+function queueHead(queue, section, view) {
+  const paused = queueCounts(queue)?.paused === true;
+  const action = paused ? 'resume' : 'pause';
+  return pageHead(
+    [['Overview', href.overview()]],
+    queue,
+    h('span', { class: 'subtitle' }, section),
+    paused ? h('span', { class: 'pill pill-paused', testid: 'queue-paused' }, 'paused') : null,
+    READ_ONLY
+      ? null
+      : button(paused ? 'Resume queue' : 'Pause queue', {
+          testid: `queue-${action}`,
+          title: paused
+            ? 'Let every instance claim from this queue again'
+            : 'Stop every instance claiming from this queue; running jobs finish',
+          onclick: (event) =>
+            runAction(
+              view,
+              event.currentTarget,
+              `${paused ? 'Resume' : 'Pause'} ${queue}`,
+              () => api.queueControl(queue, action),
+              () => (paused ? `Queue ${queue} resumed` : `Queue ${queue} paused: no instance claims from it`),
+            ),
+        }),
+  );
 }
 
 /**
@@ -920,7 +950,7 @@ class JobsView extends View {
       ),
     );
     const result = [
-      queueHead(this.queue, 'jobs'),
+      queueHead(this.queue, 'jobs', this),
       queueTabs(this.queue, state),
       selectable ? this.toolbar() : null,
       state === 'done' && page.scanLimited
@@ -1099,7 +1129,7 @@ class GroupsView extends View {
       ),
     );
     return [
-      queueHead(this.queue, 'blocked groups'),
+      queueHead(this.queue, 'blocked groups', this),
       queueTabs(this.queue, 'groups'),
       h(
         'p',

@@ -246,6 +246,7 @@ export class SqlQueueHealthIndicator implements OnModuleInit {
         expiredLeases: stats.expiredLeases,
         dead: stats.dead,
         retrying: stats.retrying,
+        paused: stats.paused,
       };
       return exceeded.length === 0 ? session.up(details) : session.down({ ...details, exceeded });
     } catch (error) {
@@ -254,7 +255,11 @@ export class SqlQueueHealthIndicator implements OnModuleInit {
   }
 }
 
-/** The thresholds a queue's statistics exceed, each as "figure value > limit". */
+/**
+ * The thresholds a queue's statistics exceed, each as "figure value > limit". A paused queue's
+ * waiting jobs wait on purpose: its ready count and oldest ready age are not held against it
+ * (expired leases and dead jobs still are).
+ */
 export function backlogViolations(stats: QueueStats, limits: Omit<SqlQueueBacklogCheckOptions, 'queue'>): string[] {
   const checks: [string, number, number | undefined][] = [
     ['oldestReadyAgeMs', stats.oldestReadyAgeMs, limits.maxOldestReadyAgeMs],
@@ -262,7 +267,9 @@ export function backlogViolations(stats: QueueStats, limits: Omit<SqlQueueBacklo
     ['dead', stats.dead, limits.maxDead],
     ['ready', stats.ready, limits.maxReady],
   ];
+  const waiting = new Set(['oldestReadyAgeMs', 'ready']);
   return checks
+    .filter(([name]) => !(stats.paused && waiting.has(name)))
     .filter(([, value, limit]) => limit !== undefined && value > limit)
     .map(([name, value, limit]) => `${name} ${value} > ${limit}`);
 }

@@ -369,6 +369,15 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
       }),
     });
     new Gauge({
+      name: this.name('queue_paused'),
+      help: 'Whether the queue is paused (pauseQueue): 1 while no instance claims from it, 0 otherwise.',
+      labelNames: ['queue'],
+      registers,
+      collect: fromReading((gauge, r) => {
+        for (const q of r.queues) gauge.set({ queue: q.queue }, q.paused ? 1 : 0);
+      }),
+    });
+    new Gauge({
       name: this.name('repeatedly_failing_jobs'),
       help: `Unfinished jobs (ready or leased) that have already failed at least ${metrics.options.repeatedFailures} times.`,
       labelNames: ['queue'],

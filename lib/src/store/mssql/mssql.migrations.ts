@@ -556,6 +556,25 @@ END;`,
       ];
     },
   },
+  {
+    version: 12,
+    description: 'queue pauses',
+    // One row per paused queue (issue 23). Every claim of a queue first seeks its row (the
+    // primary key), so a pause holds on every instance from its commit; a new table, so an
+    // instance of the previous release (which never reads it) keeps claiming until upgraded.
+    // The claims read it with READPAST: page locks off, as on the other tables claims skip in.
+    batches: (schema) => {
+      const s = quoteMssqlIdentifier(schema);
+      return [
+        `CREATE TABLE ${s}.[QueuePauses] (
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [Reason] nvarchar(1000) NULL,
+  [PausedAt] datetime2(3) NOT NULL CONSTRAINT [DF_QueuePauses_PausedAt] DEFAULT (SYSUTCDATETIME()),
+  CONSTRAINT [PK_QueuePauses] PRIMARY KEY CLUSTERED ([Queue]) WITH (ALLOW_PAGE_LOCKS = OFF)
+);`,
+      ];
+    },
+  },
 ];
 
 export const MSSQL_LATEST_VERSION = MSSQL_MIGRATIONS[MSSQL_MIGRATIONS.length - 1]!.version;

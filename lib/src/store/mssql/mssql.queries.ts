@@ -37,6 +37,7 @@ import {
   schedulePause,
   scheduleUpsert,
 } from './queries/schedules.queries.js';
+import { listPausedQueues, pauseQueue, resumeQueue } from './queries/control.queries.js';
 import { mssqlTables, type MssqlTables } from './queries/tables.js';
 
 // The dialect's statements by capability live in queries/; this file is their index.
@@ -76,6 +77,9 @@ export { MSSQL_TABLE_TYPES } from './queries/tables.js';
 export type MssqlQueries = { readonly [Name in keyof typeof STATEMENTS]: string };
 
 const STATEMENTS = {
+  pauseQueue,
+  resumeQueue,
+  listPausedQueues,
   enqueueOne,
   enqueueOneGrouped,
   enqueueMany,

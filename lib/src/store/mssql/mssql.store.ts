@@ -36,6 +36,7 @@ import type {
   OwnershipOutcome,
   QueueHealth,
   QueueHealthRequest,
+  QueuePause,
   QueueSetting,
   QueueStats,
   ReapedJob,
@@ -436,6 +437,27 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
       if (fixed?.Problem) repairs.push({ queue: suspect.Queue!, groupKey: suspect.GroupKey!, problem: fixed.Problem });
     }
     return repairs;
+  }
+
+  async pauseQueue(queue: string, reason: string | null): Promise<boolean> {
+    const rows = await this.run<Row>('pauseQueue', (r) =>
+      r.input('queue', sql.NVarChar(128), queue).input('reason', sql.NVarChar(1000), reason),
+    );
+    return rows.length > 0;
+  }
+
+  async resumeQueue(queue: string): Promise<boolean> {
+    const rows = await this.run<Row>('resumeQueue', (r) => r.input('queue', sql.NVarChar(128), queue));
+    return rows.length > 0;
+  }
+
+  async listPausedQueues(): Promise<QueuePause[]> {
+    const rows = await this.run<Row>('listPausedQueues', () => undefined);
+    return rows.map((row) => ({
+      queue: row.Queue as string,
+      reason: (row.Reason as string | null) ?? null,
+      pausedAt: row.PausedAt as Date,
+    }));
   }
 
   async hasClaimableWork(queue: string): Promise<boolean> {

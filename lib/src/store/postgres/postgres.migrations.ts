@@ -221,6 +221,21 @@ ORDER BY queue, group_key, id`,
       `ALTER TABLE ${quotePgIdentifier(schema)}.jobs ADD COLUMN trace_context varchar(2048) NULL`,
     ],
   },
+  {
+    version: 8,
+    description: 'queue pauses',
+    // One row per paused queue (issue 23). Every claim of a queue probes its row (the primary
+    // key), so a pause holds on every instance from its commit; a new table, so an instance of
+    // the previous release (which never reads it) keeps claiming until it is upgraded.
+    statements: (schema) => [
+      `CREATE TABLE ${quotePgIdentifier(schema)}.queue_pauses (
+  queue varchar(128) NOT NULL,
+  reason varchar(1000) NULL,
+  paused_at timestamptz NOT NULL DEFAULT now(),
+  CONSTRAINT queue_pauses_pk PRIMARY KEY (queue)
+)`,
+    ],
+  },
 ];
 
 export const PG_LATEST_VERSION = PG_MIGRATIONS[PG_MIGRATIONS.length - 1]!.version;

@@ -42,6 +42,7 @@ import {
   schedulePrune,
   scheduleUpsert,
 } from './queries/schedules.queries.js';
+import { listPausedQueues, pauseQueue, resumeQueue } from './queries/control.queries.js';
 import { pgTables, type PgTables } from './queries/tables.js';
 
 // The dialect's statements by capability live in queries/; this file is their index.
@@ -61,6 +62,9 @@ import { pgTables, type PgTables } from './queries/tables.js';
 export type PgQueries = { readonly [Name in keyof typeof STATEMENTS]: string };
 
 const STATEMENTS = {
+  pauseQueue,
+  resumeQueue,
+  listPausedQueues,
   enqueueOne,
   enqueueMany,
   enqueueManyUniform,

@@ -36,6 +36,7 @@ import type {
   OwnershipOutcome,
   QueueHealth,
   QueueHealthRequest,
+  QueuePause,
   QueueSetting,
   QueueStats,
   ReapedJob,
@@ -362,6 +363,25 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
       this.settle(released.rows.filter((row) => row.emptied));
     }
     return rows.map((row) => ({ id: row.id, queue: row.queue, state: row.state, attempt: Number(row.attempts) }));
+  }
+
+  async pauseQueue(queue: string, reason: string | null): Promise<boolean> {
+    const rows = await this.run<{ queue: string }>(null, 'pauseQueue', [queue, reason]);
+    return rows.length > 0;
+  }
+
+  async resumeQueue(queue: string): Promise<boolean> {
+    const rows = await this.run<{ queue: string }>(null, 'resumeQueue', [queue]);
+    return rows.length > 0;
+  }
+
+  async listPausedQueues(): Promise<QueuePause[]> {
+    const rows = await this.run<{ queue: string; reason: string | null; paused_at: Date }>(
+      null,
+      'listPausedQueues',
+      [],
+    );
+    return rows.map((row) => ({ queue: row.queue, reason: row.reason, pausedAt: row.paused_at }));
   }
 
   async hasClaimableWork(queue: string): Promise<boolean> {

@@ -12,7 +12,7 @@ import {
   WAITING_GROUP,
 } from './groups.queries.js';
 import { atomically, MSSQL_STORE_SESSION } from './session.js';
-import { CLAIM_HINTS } from './shared.js';
+import { CLAIM_HINTS, isPaused } from './shared.js';
 import type { MssqlTables } from './tables.js';
 
 // A claim's ungrouped jobs (@jobUnits of them): the seed's READPAST claim of the ready index.
@@ -168,7 +168,7 @@ ${atomically(`${candidateJobs(t)}
 // as the order always is: a row another claimer holds is passed over). See groupClaim for
 // the group side.
 export function claim(t: MssqlTables): string {
-  const { jobs, groups } = t;
+  const { jobs, groups, pauses } = t;
   return `${MSSQL_STORE_SESSION}DECLARE @claimed TABLE (
   [Id] bigint NOT NULL, [Queue] nvarchar(128) NOT NULL, [Payload] nvarchar(max) NOT NULL, [Priority] int NOT NULL,
   [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL, [IdempotencyKey] nvarchar(255) NULL, [Attempts] int NOT NULL,
@@ -176,6 +176,8 @@ export function claim(t: MssqlTables): string {
   [ClaimedAt] datetime2(3) NOT NULL, [LeaseUntil] datetime2(3) NOT NULL,
   [UnitPriority] int NULL, [UnitAt] datetime2(3) NULL, [UnitId] bigint NOT NULL, [TraceContext] varchar(2048) NULL);
 DECLARE @groupUnits int = 0, @jobUnits int;
+-- A paused queue leases nothing: every TOP below takes 0 rows.
+SET @limit = CASE WHEN ${isPaused(pauses, '@queue')} THEN 0 ELSE @limit END;
 WITH due AS (
   SELECT TOP (@limit) *
   FROM ${jobs} WITH (${CLAIM_HINTS})
@@ -341,8 +343,8 @@ FROM @items AS i LEFT JOIN @released AS r ON r.[Id] = i.[Id];`;
 // A due delayed job counts: the next claim promotes and takes it; so do a claimable group and
 // a due waiting one (each a seek that stops at the first due row).
 export function hasClaimableWork(t: MssqlTables): string {
-  const { jobs, groups } = t;
-  return `${MSSQL_STORE_SESSION}SELECT CAST(CASE WHEN EXISTS (
+  const { jobs, groups, pauses } = t;
+  return `${MSSQL_STORE_SESSION}SELECT CAST(CASE WHEN ${isPaused(pauses, '@queue')} THEN 0 WHEN EXISTS (
   SELECT 1 FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
   WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()
 ) OR EXISTS (

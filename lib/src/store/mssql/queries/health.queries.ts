@@ -1,6 +1,7 @@
 // Measurements: per-queue stats, the bounded health reading, ping, throughput buckets.
 import { UNFINISHED_GROUPED } from './groups.queries.js';
 import { atomically, MSSQL_STORE_SESSION } from './session.js';
+import { isPaused } from './shared.js';
 import type { MssqlTables } from './tables.js';
 
 // Each figure reads one filtered index that covers it (Attempts is included in the ready
@@ -12,7 +13,7 @@ import type { MssqlTables } from './tables.js';
 // READPAST: a monitoring read must never queue behind a producer's open transaction (as
 // PostgreSQL's MVCC reads never do); rows locked at that instant are simply not counted.
 export function stats(t: MssqlTables): string {
-  const { jobs, groups } = t;
+  const { jobs, groups, pauses } = t;
   return `${MSSQL_STORE_SESSION}DECLARE @now datetime2(3) = SYSUTCDATETIME();
 DECLARE @groupedReady bigint, @groupedDelayed bigint, @groupedRetrying bigint, @groupedOldest datetime2(3);
 SELECT @groupedReady = COUNT_BIG(CASE WHEN [State] <> 'leased' AND [RunAt] <= @now THEN 1 END),
@@ -35,6 +36,7 @@ SELECT
   + (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'delayed' AND [GroupKey] IS NULL AND [Attempts] > 0)
   + @groupedRetrying AS [Retrying],
   (SELECT COUNT_BIG(*) FROM ${groups} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [Blocked] = 1) AS [BlockedGroups],
+  CAST(CASE WHEN ${isPaused(pauses, '@queue')} THEN 1 ELSE 0 END AS bit) AS [Paused],
   (SELECT DATEDIFF_BIG(millisecond, MIN(w.[RunAt]), @now) FROM (
      SELECT MIN([RunAt]) AS [RunAt] FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
      WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] <= @now
@@ -101,7 +103,7 @@ export function ping(_t: MssqlTables): string {
 // due, delayed when not, as in stats. Blocked groups per queue: IX_Groups_Blocked.
 // Failures: a waiting job has failed [Attempts] times, a leased one [Attempts] - 1 times.
 export function queueHealth(t: MssqlTables): string {
-  const { jobs, attempts, groups } = t;
+  const { jobs, attempts, groups, pauses } = t;
   return `${MSSQL_STORE_SESSION}DECLARE @now datetime2(3) = SYSUTCDATETIME();
 DECLARE @since datetime2(3) = DATEADD(millisecond, -CAST(@windowMs % 1000 AS int), DATEADD(second, -CAST(@windowMs / 1000 AS int), @now));
 DECLARE @ready TABLE (
@@ -156,9 +158,11 @@ SELECT q.[Queue], ISNULL(r.[Ready], 0) AS [Ready], ISNULL(r.[Delayed], 0) AS [De
        ISNULL(b.[Blocked], 0) AS [BlockedGroups],
        ISNULL(r.[Repeated], 0) + ISNULL(l.[Repeated], 0) AS [RepeatedlyFailing],
        ISNULL(f.[Failed], 0) AS [RecentFailures], ISNULL(f.[LeaseExpired], 0) AS [RecentLeaseExpiries],
-       ISNULL(DATEDIFF_BIG(millisecond, r.[OldestDue], @now), 0) AS [OldestReadyAgeMs]
+       ISNULL(DATEDIFF_BIG(millisecond, r.[OldestDue], @now), 0) AS [OldestReadyAgeMs],
+       CAST(CASE WHEN ${isPaused(pauses, 'q.[Queue]')} THEN 1 ELSE 0 END AS bit) AS [Paused]
 FROM (SELECT [Queue] FROM @ready UNION SELECT [Queue] FROM @leased UNION SELECT [Queue] FROM @dead
-      UNION SELECT [Queue] FROM @failures UNION SELECT [Queue] FROM @blocked) AS q
+      UNION SELECT [Queue] FROM @failures UNION SELECT [Queue] FROM @blocked
+      UNION SELECT [Queue] FROM ${pauses} WITH (READPAST, READCOMMITTEDLOCK)) AS q
 LEFT JOIN @ready AS r ON r.[Queue] = q.[Queue]
 LEFT JOIN @leased AS l ON l.[Queue] = q.[Queue]
 LEFT JOIN @dead AS d ON d.[Queue] = q.[Queue]

@@ -45,3 +45,11 @@ ${indent}  SET @refused = CONCAT(N'nestjs-sql-queue: ${what} lock not granted (s
 ${indent}  THROW ${MSSQL_KEY_LOCK_REFUSED}, @refused, 1;
 ${indent}END;`;
 }
+
+/**
+ * True when `queue` is paused: a seek on PK_QueuePauses. READPAST, as the claims read: a pause or
+ * resume not committed yet is not seen, and nothing waits on it.
+ */
+export function isPaused(pauses: string, queue: string): string {
+  return `EXISTS (SELECT 1 FROM ${pauses} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = ${queue})`;
+}

@@ -12,6 +12,7 @@ export interface MssqlTables {
   groups: string;
   schedules: string;
   throughput: string;
+  pauses: string;
 }
 
 export function mssqlTables(schema: string): MssqlTables {
@@ -25,6 +26,7 @@ export function mssqlTables(schema: string): MssqlTables {
     groups: `${s}.[Groups]`,
     schedules: `${s}.[Schedules]`,
     throughput: `${s}.[Throughput]`,
+    pauses: `${s}.[QueuePauses]`,
   };
 }
 

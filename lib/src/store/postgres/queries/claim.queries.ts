@@ -1,7 +1,7 @@
 // Claim and completion: the SKIP LOCKED claim (ungrouped and ordered groups), heartbeats, complete,
 // fail and give-back, and the claimable-work probe.
 import { EMPTIED_GROUPS, groupRelease } from './groups.queries.js';
-import { blocksOnDead } from './shared.js';
+import { blocksOnDead, notPaused } from './shared.js';
 import type { PgTables } from './tables.js';
 
 // Batch siblings of the grouped jobs in `moved` (leased with the same token, not in `moved`) go
@@ -32,7 +32,8 @@ function siblingsBack(t: PgTables, moved: string): string {
 // follows due work, never the delayed backlog nor the jobs queued behind a group's head.
 // MATERIALIZED keeps the planner from merging the candidate scans into the UPDATE, which
 // could lock and update more rows than LIMIT allows. SKIP LOCKED lets concurrent claimers
-// pass each other instead of queueing on the same rows.
+// pass each other instead of queueing on the same rows. A paused queue (queue_pauses) leases
+// nothing: every scan is gated by the one probe of its pause row.
 //
 // Ordered groups (seed 002): the group row is the only thing a claim locks for a group, and
 // skipping it (SKIP LOCKED) means "another session is claiming or changing this group", never
@@ -45,27 +46,27 @@ export function claim(t: PgTables): string {
   const { jobs, groups } = t;
   return `WITH due_ready AS MATERIALIZED (
   SELECT id, priority, run_at FROM ${jobs}
-  WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND run_at <= now()
+  WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND run_at <= now() AND ${notPaused(t, '$1')}
   ORDER BY priority DESC, run_at, id
   LIMIT $2
   FOR UPDATE SKIP LOCKED
 ), due_delayed AS MATERIALIZED (
   SELECT id, priority, run_at FROM ${jobs}
-  WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND run_at <= now()
+  WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND run_at <= now() AND ${notPaused(t, '$1')}
   ORDER BY run_at, id
   LIMIT $2
   FOR UPDATE SKIP LOCKED
 ), due_groups AS MATERIALIZED (
   SELECT group_key, head_id AS id, head_priority AS priority, head_ready_at AS run_at FROM ${groups}
   WHERE queue = $1 AND held_token IS NULL AND head_id IS NOT NULL AND NOT blocked AND NOT waiting
-    AND head_ready_at <= now()
+    AND head_ready_at <= now() AND ${notPaused(t, '$1')}
   ORDER BY head_priority DESC, head_ready_at, head_id
   LIMIT $2
   FOR NO KEY UPDATE SKIP LOCKED
 ), due_waiting_groups AS MATERIALIZED (
   SELECT group_key, head_id AS id, head_priority AS priority, head_ready_at AS run_at FROM ${groups}
   WHERE queue = $1 AND held_token IS NULL AND head_id IS NOT NULL AND NOT blocked AND waiting
-    AND head_ready_at <= now()
+    AND head_ready_at <= now() AND ${notPaused(t, '$1')}
   ORDER BY head_ready_at, head_id
   LIMIT $2
   FOR NO KEY UPDATE SKIP LOCKED
@@ -239,7 +240,7 @@ FROM input LEFT JOIN released ON released.id = input.id`;
 // A due delayed job counts: the next claim promotes and takes it; so does a claimable group.
 export function hasClaimableWork(t: PgTables): string {
   const { jobs, groups } = t;
-  return `SELECT EXISTS (
+  return `SELECT (EXISTS (
   SELECT 1 FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND run_at <= now()
 ) OR EXISTS (
   SELECT 1 FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND run_at <= now()
@@ -251,5 +252,5 @@ export function hasClaimableWork(t: PgTables): string {
   SELECT 1 FROM ${groups}
   WHERE queue = $1 AND held_token IS NULL AND head_id IS NOT NULL AND NOT blocked AND waiting
     AND head_ready_at <= now()
-) AS has_work`;
+)) AND ${notPaused(t, '$1')} AS has_work`;
 }

@@ -7,7 +7,7 @@ import type { PgTables } from './tables.js';
 // Grouped jobs waiting behind their group's head count as ready or delayed by their run time,
 // as the ones a claim can take do.
 export function stats(t: PgTables): string {
-  const { jobs, groups } = t;
+  const { jobs, groups, pauses } = t;
   return `WITH grouped AS (
   SELECT count(*) FILTER (WHERE state IN ('ready', 'delayed') AND run_at <= now())::int AS ready,
          count(*) FILTER (WHERE state IN ('ready', 'delayed') AND run_at > now())::int AS delayed,
@@ -29,6 +29,7 @@ SELECT
   + (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND attempts > 0)
   + (SELECT retrying FROM grouped) AS retrying,
   (SELECT count(*)::int FROM ${groups} WHERE queue = $1 AND blocked) AS blocked_groups,
+  EXISTS (SELECT 1 FROM ${pauses} WHERE queue = $1) AS paused,
   (SELECT floor(extract(epoch FROM now() - min(run_at)) * 1000)::float8 FROM (
      (SELECT run_at FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND run_at <= now() ORDER BY run_at LIMIT 1)
      UNION ALL
@@ -83,7 +84,7 @@ export function monitoringSettings(_t: PgTables): string {
 // Waiting jobs (ready and delayed) count as ready when due, delayed when not, as in stats.
 // Failures: a waiting job has failed `attempts` times; a leased one `attempts - 1` times.
 export function queueHealth(t: PgTables): string {
-  const { jobs, attempts, groups } = t;
+  const { jobs, attempts, groups, pauses } = t;
   return `WITH ready AS (
   SELECT queue,
          count(*) FILTER (WHERE run_at <= now()) AS ready,
@@ -126,7 +127,7 @@ export function queueHealth(t: PgTables): string {
   WHERE f.failed + f.lease_expired > 0
 ), queues AS (
   SELECT queue FROM ready UNION SELECT queue FROM leased UNION SELECT queue FROM dead UNION SELECT queue FROM failures
-  UNION SELECT queue FROM blocked
+  UNION SELECT queue FROM blocked UNION SELECT queue FROM ${pauses}
 )
 SELECT q.queue,
        COALESCE(r.ready, 0)::float8 AS ready, COALESCE(r.delayed, 0)::float8 AS delayed,
@@ -135,7 +136,8 @@ SELECT q.queue,
        COALESCE(b.blocked_groups, 0)::float8 AS blocked_groups,
        (COALESCE(r.repeated, 0) + COALESCE(l.repeated, 0))::float8 AS repeatedly_failing,
        COALESCE(f.failed, 0)::float8 AS recent_failures, COALESCE(f.lease_expired, 0)::float8 AS recent_lease_expiries,
-       COALESCE(floor(extract(epoch FROM now() - r.oldest_due) * 1000), 0)::float8 AS oldest_ready_age_ms
+       COALESCE(floor(extract(epoch FROM now() - r.oldest_due) * 1000), 0)::float8 AS oldest_ready_age_ms,
+       EXISTS (SELECT 1 FROM ${pauses} p WHERE p.queue = q.queue) AS paused
 FROM queues q
 LEFT JOIN ready r ON r.queue = q.queue
 LEFT JOIN leased l ON l.queue = q.queue

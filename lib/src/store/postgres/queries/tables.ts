@@ -11,6 +11,7 @@ export interface PgTables {
   groups: string;
   schedules: string;
   throughput: string;
+  pauses: string;
 }
 
 export function pgTables(schema: string): PgTables {
@@ -24,5 +25,6 @@ export function pgTables(schema: string): PgTables {
     groups: `${s}.groups`,
     schedules: `${s}.schedules`,
     throughput: `${s}.throughput`,
+    pauses: `${s}.queue_pauses`,
   };
 }
