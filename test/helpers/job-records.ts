@@ -17,6 +17,8 @@ export function deadJobRecord(fields: Partial<JobRecord> & Pick<JobRecord, 'id' 
     claimedAt: null,
     finishedAt: new Date(1),
     lastError: 'boom',
+    cancelRequestedAt: null,
+    cancelReason: null,
     ...fields,
   };
 }

@@ -522,6 +522,24 @@ describe.each(['express', 'fastify'] as const)('dashboard over HTTP on %s', (ada
     expect(await dash.producer.listPausedQueues()).not.toContainEqual(expect.objectContaining({ queue }));
   });
 
+  it('cancels a ready job, reports a finished one, and 400s a malformed id', async () => {
+    const queue = q('cancelable');
+    const { jobId } = await dash.producer.enqueue(queue, { n: 1 }, { delayMs: 3_600_000 });
+    const { token, cookie } = await dash.session();
+    const cancel = (id: string) =>
+      dash.request(`/queues/api/jobs/${id}/cancel`, { body: {}, headers: { cookie, 'x-sqlqueue-csrf': token } });
+    expect(await cancel(jobId)).toMatchObject({
+      status: 200,
+      body: { id: jobId, outcome: 'canceled', state: 'canceled' },
+    });
+    expect(await dash.store.getJob(jobId)).toMatchObject({
+      state: 'canceled',
+      cancelReason: 'canceled from the dashboard',
+    });
+    expect(await cancel(jobId)).toMatchObject({ status: 200, body: { outcome: 'finished', state: 'canceled' } });
+    expect((await cancel('12x')).status).toBe(400);
+  });
+
   it('lists ordered groups a dead job blocks', async () => {
     const queue = q('groups');
     await dash.store.recordQueueSettings([{ queue, maxAttempts: 1, groupOnDead: 'block' }]);
@@ -585,6 +603,7 @@ describe.each(['express', 'fastify'] as const)(
         [`/admin/queues/api/schedules/${adapter}-ro/trigger`, {}],
         [`/admin/queues/api/queues/${queue}/pause`, {}],
         [`/admin/queues/api/queues/${queue}/resume`, {}],
+        [`/admin/queues/api/jobs/${id}/cancel`, {}],
       ] as const) {
         const reply = await dash.request(path, { body, headers });
         expect(reply.status, path).toBe(403);

@@ -13,7 +13,7 @@ import {
   type ClaimedJob,
   type EnqueueOptions,
   type JobListPage,
-  type JobState,
+  type ListedJobState,
   type JobSummary,
   type NewJob,
   type ThroughputCount,
@@ -710,6 +710,115 @@ export function describeStoreContract(target: StoreTarget): void {
       });
     });
 
+    describe('job control: canceling jobs (issue 23)', () => {
+      const lease = (queue: string, limit = 10) => store.claim({ queue, limit, leaseMs: 30_000, workerId: WORKER });
+      const beat = (c: ClaimedJob) =>
+        store.heartbeat([{ id: c.id, claimToken: c.claimToken, leaseMs: 30_000, maxDurationMs: null }]);
+
+      it('cancels ready and delayed jobs at once: they never run; finished and missing ones are reported and left alone', async () => {
+        const queue = newQueue('cancel');
+        const [ready, delayed, other] = await store.enqueue([
+          job(queue, { n: 1 }),
+          job(queue, { n: 2 }, { delayMs: 3_600_000 }),
+          job(queue, { n: 3 }, { idempotencyKey: 'k-3' }),
+        ]);
+        const results = await store.cancel([delayed!.jobId, ready!.jobId, ready!.jobId, '999999999'], 'not needed');
+        expect(results).toEqual([
+          { id: delayed!.jobId, queue, outcome: 'canceled', state: 'canceled' },
+          { id: ready!.jobId, queue, outcome: 'canceled', state: 'canceled' },
+          { id: '999999999', queue: null, outcome: 'missing', state: null },
+        ]);
+        const record = await store.getJob(ready!.jobId);
+        expect(record).toMatchObject({ state: 'canceled', cancelReason: 'not needed', finishedAt: expect.any(Date) });
+        expect(record!.cancelRequestedAt).toBeInstanceOf(Date);
+        // Only the third job is claimable; the canceled ones stay canceled.
+        expect((await lease(queue)).map((c) => c.id)).toEqual([other!.jobId]);
+        expect(await store.cancel([ready!.jobId], 'again')).toEqual([
+          { id: ready!.jobId, queue, outcome: 'finished', state: 'canceled' },
+        ]);
+        expect((await store.getJob(ready!.jobId))!.cancelReason).toBe('not needed');
+        expect(await store.findJobByKey(queue, 'k-3')).toBe(other!.jobId);
+        expect(await store.findJobByKey(queue, 'no-such-key')).toBeNull();
+      });
+
+      it('marks a leased job; its heartbeat reports the request; the owner records it as canceled and can no longer complete', async () => {
+        const queue = newQueue('cancel-leased');
+        await store.enqueue([job(queue, { n: 1 })]);
+        const [claimed] = await lease(queue, 1);
+        expect(await store.cancel([claimed!.id], 'operator')).toEqual([
+          { id: claimed!.id, queue, outcome: 'canceling', state: 'leased' },
+        ]);
+        const [reply] = await beat(claimed!);
+        expect(reply).toMatchObject({ id: claimed!.id, outcome: 'ok', cancel: { reason: 'operator' } });
+        const ack = { ...failure(claimed!, 'job canceled: operator'), canceled: true };
+        expect(await store.fail([ack])).toEqual([{ id: claimed!.id, outcome: 'ok', state: 'canceled' }]);
+        expect(await store.fail([ack])).toEqual([{ id: claimed!.id, outcome: 'already', state: null }]);
+        expect(await store.complete([{ id: claimed!.id, claimToken: claimed!.claimToken }])).toEqual([
+          { id: claimed!.id, outcome: 'lost' },
+        ]);
+        expect((await store.getJob(claimed!.id))!.state).toBe('canceled');
+        const attempts = await store.getAttempts(claimed!.id);
+        expect(attempts.map((a) => a.outcome)).toEqual(['canceled']);
+        expect(await lease(queue)).toEqual([]);
+      });
+
+      it('a marked job is never retried: its failure, its give-back and its expired lease all end it canceled', async () => {
+        const queue = newQueue('cancel-paths');
+        await store.enqueue([job(queue, { n: 1 }), job(queue, { n: 2 }), job(queue, { n: 3 })]);
+        const [a, b, c] = await lease(queue, 3);
+        await store.cancel([a!.id, b!.id, c!.id], null);
+        expect((await store.fail([failure(a!, 'boom')]))[0]).toMatchObject({ outcome: 'ok', state: 'canceled' });
+        expect(await store.release([{ id: b!.id, claimToken: b!.claimToken }])).toEqual([{ id: b!.id, outcome: 'ok' }]);
+        expect((await store.getJob(a!.id))!.state).toBe('canceled');
+        expect((await store.getJob(b!.id))!.state).toBe('canceled');
+        // A job whose owner completed before it heard of the cancellation is done: its work happened.
+        expect(await store.complete([{ id: c!.id, claimToken: c!.claimToken }])).toEqual([
+          { id: c!.id, outcome: 'ok' },
+        ]);
+        expect((await store.getJob(c!.id))!.state).toBe('done');
+
+        await store.enqueue([job(queue, { n: 4 })]);
+        const [d] = await store.claim({ queue, limit: 1, leaseMs: 200, workerId: WORKER });
+        await store.cancel([d!.id], 'owner died');
+        await waitFor(
+          async () => {
+            await store.reap(100);
+            return (await store.getJob(d!.id))?.state;
+          },
+          (state) => state === 'canceled',
+          { what: 'the marked job with an expired lease to be reaped as canceled' },
+        );
+        expect(await lease(queue)).toEqual([]);
+      });
+
+      it('in an ordered group: a canceled head lets the next job go, a canceled job behind a running one is skipped, an acknowledged cancellation releases the group', async () => {
+        const queue = newQueue('cancel-group');
+        const [g1, g2, g3, g4] = await store.enqueue([1, 2, 3, 4].map((n) => job(queue, { n }, { groupKey: 'g' })));
+        expect((await store.cancel([g1!.jobId], null))[0]!.outcome).toBe('canceled');
+        const [head] = await lease(queue);
+        expect(head!.id).toBe(g2!.jobId);
+        // g3 waits behind the running g2: canceled at once, and skipped when g2 completes.
+        expect((await store.cancel([g3!.jobId], null))[0]!.outcome).toBe('canceled');
+        await store.complete([{ id: head!.id, claimToken: head!.claimToken }]);
+        const [next] = await lease(queue);
+        expect(next!.id).toBe(g4!.jobId);
+        // The running g4 is canceled through its owner: the group is released, then empty.
+        await store.cancel([g4!.jobId], null);
+        await store.fail([{ ...failure(next!, 'canceled'), canceled: true }]);
+        const [g5] = await store.enqueue([job(queue, { n: 5 }, { groupKey: 'g' })]);
+        expect((await lease(queue)).map((c) => c.id)).toEqual([g5!.jobId]);
+      });
+
+      it('retention deletes canceled jobs as it deletes done ones', async () => {
+        const queue = newQueue('cancel-retention');
+        const [one] = await store.enqueue([job(queue, { n: 1 })]);
+        await store.cancel([one!.jobId], null);
+        await new Promise((resolve) => setTimeout(resolve, 20));
+        await store.cleanup({ doneRetentionMs: 1, deadRetentionMs: null, idempotencyRetentionMs: 1, batchSize: 1000 });
+        expect(await store.getJob(one!.jobId)).toBeNull();
+      });
+    });
+
     describe('ownership: complete, fail, heartbeat, release', () => {
       it('completes with the current token; a repeat with the same token is "already", not lost', async () => {
         const queue = newQueue('done');
@@ -1146,7 +1255,7 @@ export function describeStoreContract(target: StoreTarget): void {
       const HOUR = 3_600_000;
 
       /** Every page of a listing, `limit` at a time: the ids in order, and each page's size. */
-      async function listAll(queue: string, state: JobState, limit: number) {
+      async function listAll(queue: string, state: ListedJobState, limit: number) {
         const ids: string[] = [];
         const sizes: number[] = [];
         const jobs: JobSummary[] = [];

@@ -5,7 +5,7 @@ import {
   GROUP_SCAN_LIMIT,
   THROUGHPUT_RETENTION_MS,
   type JobListPage,
-  type JobState,
+  type ListedJobState,
 } from '../../lib/src/core/types.js';
 import { createPostgresStore } from '../../lib/src/store/postgres/postgres.connect.js';
 import type { PostgresQueueStore } from '../../lib/src/store/postgres/postgres.store.js';
@@ -158,7 +158,7 @@ FROM generate_series(1, 1439) AS m, generate_series(1, 20) AS q`,
   }
 
   /** The plans of a first page and of the page after it (a cursor in the middle of the listing). */
-  async function listingPlans(queue: string, state: JobState, limit: number) {
+  async function listingPlans(queue: string, state: ListedJobState, limit: number) {
     const first = await store.listJobs({ queue, state, limit });
     expect(first.nextCursor).not.toBeNull();
     return [

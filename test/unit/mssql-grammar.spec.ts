@@ -364,6 +364,8 @@ describe('writes to Jobs, Attempts and Groups (issue 10, P4/P5; issue 11)', () =
   it('finds the writers', () => {
     expect(writers.map(([name]) => name).sort()).toEqual(
       [
+        'cancel',
+        'cancelAck',
         'claim',
         'cleanup',
         'complete',
@@ -917,9 +919,9 @@ describe('ordered groups (issue 11)', () => {
     );
     expect(reap).toContain('deleted.[LastError]\n  INTO @reaped (');
     expect(normal(reap.slice(history, settle))).toContain('FROM @reaped WHERE [Unstarted] = 0;');
-    // What reap returns is what the jobs became.
+    // What reap returns is what the jobs became (a never-started job cancel() marked stays canceled).
     expect(normal(reap)).toContain(
-      "UPDATE r SET [State] = 'ready', [Attempt] = CASE WHEN [Attempt] > 0 THEN [Attempt] - 1 ELSE 0 END FROM @reaped AS r WHERE [Unstarted] = 1;",
+      "UPDATE r SET [State] = 'ready', [Attempt] = CASE WHEN [Attempt] > 0 THEN [Attempt] - 1 ELSE 0 END FROM @reaped AS r WHERE [Unstarted] = 1 AND [State] <> 'canceled';",
     );
   });
 

@@ -67,6 +67,7 @@ export function forwardingListener(): QueueEventListener {
     lostOwnership: forward('lostOwnership'),
     readersChanged: forward('readersChanged'),
     abandoned: forward('abandoned'),
+    canceled: forward('canceled'),
   };
 }
 

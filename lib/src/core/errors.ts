@@ -41,6 +41,21 @@ export class SqlQueueJobTimeoutError extends SqlQueueError {
   }
 }
 
+/**
+ * `cancel()` was called for a running job: its `context.signal` aborts with this error as the
+ * reason. The attempt is recorded as canceled and the job is not retried, whatever the handler
+ * then does; its owner can no longer complete it.
+ */
+export class SqlQueueCanceledError extends SqlQueueError {
+  constructor(
+    readonly queue: string,
+    readonly jobId: string,
+    readonly reason: string | null,
+  ) {
+    super(`job ${jobId} in queue '${queue}' was canceled${reason ? `: ${reason}` : ''}`);
+  }
+}
+
 /** The application is shutting down; running handlers are asked to stop. */
 export class SqlQueueShutdownError extends SqlQueueError {
   constructor() {

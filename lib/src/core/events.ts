@@ -24,6 +24,8 @@ export interface QueueEventListener {
   }): void;
   readersChanged?(event: { queue: string; readers: number; reason: 'start' | 'activation' | 'retire' | 'stop' }): void;
   abandoned?(event: { queue: string; jobId: string }): void;
+  /** A job this process held was canceled (cancel()): its handler was aborted and the cancellation recorded. */
+  canceled?(event: { queue: string; jobId: string; reason: string | null }): void;
   /**
    * The repair sweep found an ordered group whose cached state disagreed with its jobs, and
    * fixed it. Normal operation never causes one: each is worth a look.

@@ -1,5 +1,6 @@
 import type {
   BlockedGroupPage,
+  CancelResult,
   CleanupRequest,
   ClaimedJob,
   ClaimRequest,
@@ -117,6 +118,17 @@ export interface QueueStore extends ScheduleStore {
 
   /** Every paused queue, by name. */
   listPausedQueues(): Promise<QueuePause[]>;
+
+  /**
+   * Cancels jobs (see CancelOutcome): a ready or delayed one becomes canceled at once (an ordered
+   * group it heads moves on, as after a completion); a leased one is marked, and heartbeats tell
+   * its owner. A finished or missing job is reported as such and left alone. One result per
+   * distinct id, in input order.
+   */
+  cancel(ids: readonly JobId[], reason: string | null): Promise<CancelResult[]>;
+
+  /** The id of the job with this idempotency key in the queue, or null. */
+  findJobByKey(queue: string, idempotencyKey: string): Promise<JobId | null>;
 
   /** Cheap probe: is there at least one due job that no one holds? Never waits on open transactions. */
   hasClaimableWork(queue: string): Promise<boolean>;

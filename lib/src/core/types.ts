@@ -1,9 +1,15 @@
 /**
  * States a job moves through. `delayed`: waiting for its run time (a delayed enqueue or a retry
  * backing off); the first claim of its queue after that time makes it `ready` and may lease it at
- * once. `done` and `dead` are final until an operator retries a dead job.
+ * once. `done`, `dead` and `canceled` are final (an operator may retry a dead job). `canceled`:
+ * stopped by `cancel()` before it ran, or acknowledged as canceled by the worker that ran it.
+ * (Spelled with one l: the state column holds 8 characters, and the filtered indexes built on it
+ * keep its type fixed.)
  */
-export type JobState = 'ready' | 'delayed' | 'leased' | 'done' | 'dead';
+export type JobState = 'ready' | 'delayed' | 'leased' | 'done' | 'dead' | 'canceled';
+
+/** The states a queue's jobs are listed by (a canceled job is looked up by its id). */
+export type ListedJobState = Exclude<JobState, 'canceled'>;
 
 /** Job ids are decimal strings: the column is a 64-bit integer, beyond JavaScript's safe range. */
 export type JobId = string;
@@ -144,6 +150,8 @@ export interface HeartbeatResult {
   id: JobId;
   outcome: Exclude<OwnershipOutcome, 'already'>;
   leaseUntil: Date | null;
+  /** Set when `cancel()` asked for this leased job: its owner aborts the handler and records the cancellation. */
+  cancel?: { reason: string | null };
 }
 
 export interface CompleteResult {
@@ -159,6 +167,11 @@ export interface FailItem extends OwnedJob {
   /** Dead at once, whatever attempts are left (an unrecoverable error). */
   dead: boolean;
   workerId: string;
+  /**
+   * The owner acknowledges a cancellation (`cancel()` on the leased job): the job becomes
+   * `canceled`, its attempt is recorded as canceled, and it is not retried.
+   */
+  canceled?: boolean;
 }
 
 export interface FailResult {
@@ -166,15 +179,35 @@ export interface FailResult {
   outcome: OwnershipOutcome;
   /**
    * State after the failure: `delayed` (to be retried after its delay), `ready` (to be retried
-   * now: no delay) or `dead`. Null when lost.
+   * now: no delay), `dead`, or `canceled` (an acknowledged cancellation). Null when lost.
    */
-  state: 'ready' | 'delayed' | 'dead' | null;
+  state: 'ready' | 'delayed' | 'dead' | 'canceled' | null;
+}
+
+/**
+ * What `cancel()` did to one job:
+ * - `canceled`: it was ready or delayed, and is canceled now (it never runs);
+ * - `canceling`: it is leased; its owner learns of it on its next heartbeat (or sooner through a
+ *   wake-up), aborts the handler and records the attempt as canceled;
+ * - `finished`: it had already finished (done, dead or canceled): nothing changed;
+ * - `missing`: no such job (never existed, or cleaned up).
+ */
+export type CancelOutcome = 'canceled' | 'canceling' | 'finished' | 'missing';
+
+export interface CancelResult {
+  id: JobId;
+  /** The job's queue; null when missing. */
+  queue: string | null;
+  outcome: CancelOutcome;
+  /** The job's state after the call; null when missing. */
+  state: JobState | null;
 }
 
 export interface ReapedJob {
   id: JobId;
   queue: string;
-  state: 'ready' | 'dead';
+  /** `canceled`: cancel() had marked it, and its owner never recorded the cancellation. */
+  state: 'ready' | 'dead' | 'canceled';
   attempt: number;
 }
 
@@ -232,7 +265,7 @@ export interface GroupRepair {
   problem: string;
 }
 
-export type AttemptOutcome = 'failed' | 'lease-expired' | 'completed';
+export type AttemptOutcome = 'failed' | 'lease-expired' | 'canceled' | 'completed';
 
 export interface AttemptRecord {
   attempt: number;
@@ -262,6 +295,9 @@ export interface JobRecord {
   claimedAt: Date | null;
   finishedAt: Date | null;
   lastError: string | null;
+  /** When `cancel()` was asked for this job (null: never); a leased job keeps running until its owner learns of it. */
+  cancelRequestedAt: Date | null;
+  cancelReason: string | null;
 }
 
 export interface DeadJobPage {
@@ -329,7 +365,7 @@ export interface QueueHealth extends QueueStats {
  */
 export interface JobListRequest {
   queue: string;
-  state: JobState;
+  state: ListedJobState;
   /** 1..500. */
   limit: number;
   /** `nextCursor` of the page before; null or absent for the first page. Opaque to callers. */
@@ -346,7 +382,10 @@ export const GROUP_SCAN_LIMIT = 2_000;
 export const JOB_PREVIEW_CHARS = 200;
 
 /** A job as listed: its record without the payload, last error and token, with short previews. */
-export interface JobSummary extends Omit<JobRecord, 'payload' | 'claimToken' | 'lastError'> {
+export interface JobSummary extends Omit<
+  JobRecord,
+  'payload' | 'claimToken' | 'lastError' | 'cancelRequestedAt' | 'cancelReason'
+> {
   /** The first `JOB_PREVIEW_CHARS` characters of the payload's JSON text. */
   payloadPreview: string;
   /** The first `JOB_PREVIEW_CHARS` characters of the last error, or null. */

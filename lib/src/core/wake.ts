@@ -3,6 +3,22 @@ import type { QueueLogger } from './logger.js';
 import type { QueueStore } from './queue-store.js';
 import { withTimeout } from './timeout.js';
 
+/**
+ * A wake-up that says "a leased job of this queue may have been canceled": its holders
+ * heartbeat at once to find out. '!' is no queue name's, so an older instance that receives
+ * one wakes no queue.
+ */
+const CANCEL_WAKE_PREFIX = '!cancel:';
+
+export function cancelWakeName(queue: string): string {
+  return `${CANCEL_WAKE_PREFIX}${queue}`;
+}
+
+/** The queue a cancel wake-up names, or null for an ordinary wake-up. */
+export function canceledQueueOf(name: string): string | null {
+  return name.startsWith(CANCEL_WAKE_PREFIX) ? name.slice(CANCEL_WAKE_PREFIX.length) : null;
+}
+
 /** In-process wake-ups: an enqueue wakes this process's readers of that queue at once. */
 export class WakeBus {
   private readonly listeners = new Map<string, Set<() => void>>();

@@ -133,6 +133,13 @@ export class DashboardControllerBase {
     return this.service.purgeDead(queue, body);
   }
 
+  @Post('api/jobs/:id/cancel')
+  @HttpCode(200)
+  cancelJob(@Req() request: DashboardRequest, @Param('id') id: string) {
+    this.allowAction(request);
+    return this.service.cancelJob(id);
+  }
+
   @Post('api/queues/:queue/pause')
   @HttpCode(200)
   pauseQueue(@Req() request: DashboardRequest, @Param('queue') queue: string, @Body() body: unknown) {

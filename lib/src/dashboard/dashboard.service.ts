@@ -8,10 +8,11 @@ import type { ScheduleRecord } from '../core/schedules/index.js';
 import type {
   AttemptRecord,
   BlockedGroupPage,
+  CancelResult,
   JobId,
   JobListPage,
   JobRecord,
-  JobState,
+  ListedJobState,
   QueueHealth,
   ThroughputBucket,
   ThroughputReading,
@@ -139,7 +140,7 @@ export class SqlQueueDashboardService implements OnModuleInit {
   listJobs(queue: unknown, query: { state?: unknown; limit?: unknown; cursor?: unknown }): Promise<JobListPage> {
     const request = {
       queue: queue as string,
-      state: (query.state === undefined || query.state === '' ? 'ready' : query.state) as JobState,
+      state: (query.state === undefined || query.state === '' ? 'ready' : query.state) as ListedJobState,
       limit: intParam('limit', query.limit, 50, 1, MAX_LIST_LIMIT),
       cursor: (query.cursor || null) as string | null,
     };
@@ -187,6 +188,11 @@ export class SqlQueueDashboardService implements OnModuleInit {
     return {
       purged: await this.parts.producer.purgeDead(queue as string, target === 'all' ? {} : { ids: target }),
     };
+  }
+
+  /** Cancels a job (ready, delayed or running); says what happened (see CancelOutcome). */
+  cancelJob(id: unknown): Promise<CancelResult> {
+    return this.parts.producer.cancel(assertJobId(id), { reason: 'canceled from the dashboard' });
   }
 
   /** Pauses a queue on every instance, `{ reason? }`; `paused` is false when it was paused already. */

@@ -3,6 +3,7 @@ import type { EnqueueCallOptions, EnqueueItem } from '../core/producer/index.js'
 import type {
   AttemptRecord,
   BlockedGroupPage,
+  CancelResult,
   DeadJobPage,
   EnqueueResult,
   JobId,
@@ -118,6 +119,28 @@ export class QueueProducer {
   /** Ends a queue's pause and wakes its readers (here at once, elsewhere through NOTIFY or the doorbell); true when it was paused. */
   resumeQueue(queue: string): Promise<boolean> {
     return this.runtime.producer.resumeQueue(queue);
+  }
+
+  /**
+   * Cancels a job. A ready or delayed job is canceled at once and never runs (`canceled`); an
+   * ordered group it headed moves on. A running job is marked (`canceling`): its owner learns of
+   * it on its next heartbeat (a third of the lease; at once where a wake-up reaches it), aborts
+   * `context.signal` with a SqlQueueCanceledError, and records the attempt as canceled; the job
+   * is not retried, whatever the handler then does. A job already finished is reported
+   * (`finished`, with its state) and left alone.
+   */
+  cancel(jobId: JobId, options?: { reason?: string }): Promise<CancelResult> {
+    return this.runtime.producer.cancel(jobId, options);
+  }
+
+  /** cancel() for up to 1,000 jobs in one statement; one result per distinct id, in input order. */
+  cancelMany(jobIds: readonly JobId[], options?: { reason?: string }): Promise<CancelResult[]> {
+    return this.runtime.producer.cancelMany(jobIds, options);
+  }
+
+  /** cancel() of the job with this idempotency key in the queue; null when no job of the queue has it. */
+  cancelByKey(queue: string, idempotencyKey: string, options?: { reason?: string }): Promise<CancelResult | null> {
+    return this.runtime.producer.cancelByKey(queue, idempotencyKey, options);
   }
 
   /** Every paused queue, with its reason and when it was paused, by name. */

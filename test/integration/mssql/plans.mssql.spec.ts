@@ -11,7 +11,12 @@
 import sql from 'mssql';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import type { QueueStore } from '../../../lib/src/core/queue-store.js';
-import { DONE_SCAN_LIMIT, type ClaimedJob, type EnqueueOptions, type JobState } from '../../../lib/src/core/types.js';
+import {
+  DONE_SCAN_LIMIT,
+  type ClaimedJob,
+  type EnqueueOptions,
+  type ListedJobState,
+} from '../../../lib/src/core/types.js';
 import { prepareJob } from '../../../lib/src/core/producer/job-validation.js';
 import { createMssqlStore } from '../../../lib/src/store/mssql/mssql.connect.js';
 import { quoteMssqlIdentifier } from '../../../lib/src/store/mssql/mssql.identifiers.js';
@@ -645,7 +650,7 @@ describeEachMssqlDatabase('actual plans of the dashboard reads over 15,000 finis
     ).toEqual(['Clustered Index Seek PK_Jobs']);
   }
 
-  it.each<[JobState, string[][]]>([
+  it.each<[ListedJobState, string[][]]>([
     // A first page: the claim order's three ranges (two of them empty), then the grouped part's
     // one fill over two ranges (the rest of the position's group, the groups after it).
     ['ready', [['IX_Jobs_Claim'], ['IX_Jobs_Claim'], ['IX_Jobs_Claim'], ['IX_Jobs_Group', 'IX_Jobs_Group']]],

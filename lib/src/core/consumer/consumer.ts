@@ -5,7 +5,7 @@ import type { JobHandler } from './handler.js';
 import type { ResolvedQueueOptions } from '../options.js';
 import { QueueConsumer, type QueueConsumerDeps, type QueueConsumerSnapshot } from './queue-consumer.js';
 import { settleWithin } from '../timeout.js';
-import type { WakeBus } from '../wake.js';
+import { cancelWakeName, canceledQueueOf, type WakeBus } from '../wake.js';
 
 const UNLISTEN_TIMEOUT_MS = 5_000;
 
@@ -71,11 +71,16 @@ export class SqlQueueConsumer {
     this.startedAt = this.deps.clock.now();
     for (const consumer of this.queues.values()) {
       this.unsubscribes.push(this.deps.wakeBus.subscribe(consumer.queue, () => consumer.wake()));
+      this.unsubscribes.push(this.deps.wakeBus.subscribe(cancelWakeName(consumer.queue), () => consumer.cancelWake()));
     }
     const listen = this.deps.listen ?? this.deps.store.listen?.bind(this.deps.store);
     if (this.queues.size > 0 && this.deps.listenForWakeups !== false && listen) {
       try {
-        this.stopListening = await listen((queue) => this.queues.get(queue)?.wake());
+        this.stopListening = await listen((name) => {
+          const canceled = canceledQueueOf(name);
+          if (canceled === null) this.queues.get(name)?.wake();
+          else this.queues.get(canceled)?.cancelWake();
+        });
       } catch (error) {
         // Wake-ups are an optimization; polling still finds the work.
         this.deps.logger.warn(`cross-process wake-ups unavailable, relying on polling: ${(error as Error).message}`);

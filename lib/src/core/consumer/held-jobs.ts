@@ -21,6 +21,8 @@ export interface HeldJob {
   /** A heartbeat found the token gone. */
   lost: boolean;
   timedOut: boolean;
+  /** cancel() reached it (a heartbeat said so): its cancellation is recorded, its handler aborted. */
+  canceled: boolean;
   shutdownAborted: boolean;
   /**
    * The rest of an ordered group's batch (same claim token), run after this job, in order, by
@@ -92,6 +94,7 @@ export class HeldJobs {
       localLeaseUntil: claimedAtLocal + this.leaseMs,
       lost: false,
       timedOut: false,
+      canceled: false,
       shutdownAborted: false,
       followers: [],
       recorded: null,

@@ -1,3 +1,4 @@
+import type { SqlQueueCanceledError } from '../errors.js';
 import type { Clock } from '../clock.js';
 import { safeEmit, type QueueEventListener } from '../events.js';
 import { ThrottledErrorLog, type QueueLogger } from '../logger.js';
@@ -18,6 +19,8 @@ interface PendingFailure extends Pending {
   error: unknown;
   delayMs: number;
   dead: boolean;
+  /** An acknowledged cancellation: recorded as canceled, never retried. */
+  canceled?: boolean;
 }
 
 export interface AckerDeps {
@@ -69,6 +72,12 @@ export class JobAcker {
 
   fail(held: HeldJob, error: unknown, delayMs: number, dead: boolean): void {
     this.failures.push({ held, giveUpAt: this.giveUpAt(), error, delayMs, dead });
+    this.schedule();
+  }
+
+  /** cancel() reached a held job: its attempt is recorded as canceled (token-checked), with the failures. */
+  cancel(held: HeldJob, error: SqlQueueCanceledError): void {
+    this.failures.push({ held, giveUpAt: this.giveUpAt(), error, delayMs: 0, dead: false, canceled: true });
     this.schedule();
   }
 
@@ -201,14 +210,16 @@ export class JobAcker {
     if (items.length === 0) return true;
     const results = await this.send(items, this.failures, 'recording failures', () =>
       this.deps.store.fail(
-        items.map(({ held, error, delayMs, dead }) => ({
+        items.map(({ held, error, delayMs, dead, canceled }) => ({
           id: held.job.id,
           claimToken: held.job.claimToken,
           error: truncate(errorMessage(error), ERROR_TEXT_LIMIT),
-          stack: error instanceof Error && error.stack ? truncate(error.stack, STACK_TEXT_LIMIT) : null,
+          // A cancellation is the operator's doing: no stack of ours says anything about it.
+          stack: !canceled && error instanceof Error && error.stack ? truncate(error.stack, STACK_TEXT_LIMIT) : null,
           retryDelayMs: delayMs,
           dead,
           workerId: this.deps.workerId,
+          ...(canceled ? { canceled: true } : {}),
         })),
       ),
     );
@@ -219,6 +230,13 @@ export class JobAcker {
       const result = byId.get(job.id);
       if (!result || result.outcome === 'lost') {
         this.reportLost(item.held, 'fail');
+      } else if (item.canceled || result.state === 'canceled') {
+        // A failure of a job cancel() had marked ends it canceled too (its owner had not heard yet).
+        const reason = item.canceled ? (item.error as SqlQueueCanceledError).reason : null;
+        this.deps.logger.warn(
+          `job ${job.id} in queue '${job.queue}' canceled at attempt ${job.attempt}${reason ? `: ${reason}` : ''}`,
+        );
+        safeEmit(this.deps.listeners, 'canceled', { queue: job.queue, jobId: job.id, reason });
       } else {
         // 'already': the first try committed and its reply was lost. The state it set follows
         // from the same rule the statement applies.

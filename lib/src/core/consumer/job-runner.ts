@@ -1,5 +1,5 @@
 import { parseScheduleJobKey } from '../schedules/index.js';
-import { SqlQueueUnrecoverableError } from '../errors.js';
+import { SqlQueueUnrecoverableError, type SqlQueueCanceledError } from '../errors.js';
 import { safeEmit } from '../events.js';
 import type { ResolvedQueueOptions } from '../options.js';
 import type { QueueTracer } from '../tracing.js';
@@ -96,7 +96,9 @@ export class JobRunner {
   private async run(held: HeldJob): Promise<RunOutcome> {
     const { job } = held;
     if (held.aborted) {
-      this.jobs.forget(held); // its lease was lost or ran out while it waited
+      // Canceled while it waited behind the jobs before it in its group batch: recorded now.
+      if (held.canceled) this.acker.cancel(held, held.abortReason as SqlQueueCanceledError);
+      else this.jobs.forget(held); // its lease was lost or ran out while it waited
       return 'ended';
     }
     const context: JobContext = {
@@ -163,6 +165,9 @@ export class JobRunner {
 
     // Even when a heartbeat already found the lease gone, the outcome is sent: the token check
     // in the database is the arbiter, and its refusal is what gets logged and counted.
+    // A canceled job's outcome is its cancellation, already on its way: a late success or failure
+    // of its handler changes nothing (the token is void once the cancellation is recorded).
+    if (held.canceled) return 'ended';
     if (outcome.ok) {
       this.acker.complete(held);
       return held.lost ? 'ended' : 'completed';

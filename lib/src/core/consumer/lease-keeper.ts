@@ -1,4 +1,9 @@
-import { SqlQueueJobTimeoutError, SqlQueueLeaseLostError, SqlQueueValidationError } from '../errors.js';
+import {
+  SqlQueueCanceledError,
+  SqlQueueJobTimeoutError,
+  SqlQueueLeaseLostError,
+  SqlQueueValidationError,
+} from '../errors.js';
 import { safeEmit } from '../events.js';
 import { ThrottledErrorLog } from '../logger.js';
 import type { ResolvedQueueOptions } from '../options.js';
@@ -72,7 +77,13 @@ export class LeaseKeeper {
         if (result?.outcome === 'ok') {
           held.renewedAtLocal = requestedAt;
           held.localLeaseUntil = requestedAt + held.leaseMs;
-        } else if (this.jobs.holds(held) && (this.jobs.running.has(held) || held.startedAtLocal === null)) {
+          if (result.cancel) this.cancel(held, result.cancel.reason);
+        } else if (
+          !held.canceled &&
+          this.jobs.holds(held) &&
+          (this.jobs.running.has(held) || held.startedAtLocal === null)
+        ) {
+          // (A canceled job's token is voided by its own cancellation: no loss to report.)
           // Only a job still running or waiting (buffered, or later in a group batch) can lose
           // its lease here. Once its handler has returned, its outcome is in flight, and that
           // token-checked write ('ok', 'already' or 'lost') decides and reports, not a renewal
@@ -106,6 +117,18 @@ export class LeaseKeeper {
     }
     held.renewedAtLocal = requestedAt;
     held.localLeaseUntil = requestedAt + held.leaseMs;
+    if (result.cancel) {
+      this.cancel(held, result.cancel.reason);
+      throw new SqlQueueCanceledError(held.job.queue, held.job.id, result.cancel.reason);
+    }
+  }
+
+  /**
+   * A wake-up said a job of this queue may have been canceled (cancel() in some process): the
+   * next renew() heartbeats every held job at once, instead of when its lease is a third used.
+   */
+  renewAllSoon(): void {
+    for (const held of this.jobs.values()) held.renewedAtLocal = -Infinity;
   }
 
   /** One heartbeat statement, bounded so a dead connection cannot hold the lease keeper. */
@@ -137,6 +160,21 @@ export class LeaseKeeper {
     });
     abortJob(held, error);
     if (!this.dropBuffered(held) && !this.jobs.running.has(held)) this.jobs.forget(held);
+  }
+
+  /**
+   * cancel() reached a job this process holds: its handler's signal aborts with a
+   * SqlQueueCanceledError, a job still in the prefetch buffer never starts, and the cancellation
+   * is recorded (token-checked), after which the owner can no longer complete the job.
+   */
+  private cancel(held: HeldJob, reason: string | null): void {
+    if (held.canceled || held.lost || held.timedOut) return;
+    held.canceled = true;
+    const error = new SqlQueueCanceledError(held.job.queue, held.job.id, reason);
+    abortJob(held, error);
+    // A later job of a running group batch is recorded by its reader when it gets there (its
+    // cancellation gives back the jobs after it, which must not include the one running now).
+    if (this.dropBuffered(held) || held.startedAtLocal !== null) this.acker.cancel(held, error);
   }
 
   /** maxDurationMs passed: record the failure now (token-checked) and abort the handler. */

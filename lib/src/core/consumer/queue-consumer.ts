@@ -112,6 +112,13 @@ export class QueueConsumer {
     await this.leases.renew(now);
   }
 
+  /** A job of this queue may have been canceled: heartbeat every held job now to find out. */
+  cancelWake(): void {
+    if (this.isStopping || this.jobs.size === 0) return;
+    this.leases.renewAllSoon();
+    void this.leases.renew(this.deps.clock.now());
+  }
+
   /** New work may be there: end the idle pause and claim at once. */
   wake(): void {
     if (this.isStopping) return;

@@ -1,12 +1,12 @@
 import { SqlQueueValidationError } from '../errors.js';
-import type { JobId, JobListRequest, JobState } from '../types.js';
+import type { JobId, JobListRequest, ListedJobState } from '../types.js';
 import { assertJobId } from '../producer/index.js';
 import { assertInteger, assertKeyText, assertQueueName, describe } from '../validation.js';
 
 /** Most jobs one listing page returns. */
 export const JOB_LIST_MAX_LIMIT = 500;
 
-const STATES: readonly JobState[] = ['ready', 'delayed', 'leased', 'done', 'dead'];
+const STATES: readonly ListedJobState[] = ['ready', 'delayed', 'leased', 'done', 'dead'];
 
 /** The name of each state's listing statement, the same in every dialect's queries. */
 export const JOB_LIST_STATEMENTS = {
@@ -15,7 +15,7 @@ export const JOB_LIST_STATEMENTS = {
   leased: 'listLeasedJobs',
   done: 'listDoneJobs',
   dead: 'listDeadJobs',
-} as const satisfies Record<JobState, string>;
+} as const satisfies Record<ListedJobState, string>;
 
 /**
  * Where a job listing stopped: the sort key of the last job listed, or of the last entry a
@@ -38,13 +38,13 @@ export interface JobListPosition {
 /** A listing request checked before any SQL runs, with its cursor decoded (null: first page). */
 export interface CheckedJobListRequest {
   queue: string;
-  state: JobState;
+  state: ListedJobState;
   limit: number;
   after: JobListPosition | null;
 }
 
 /** What each state's position carries besides the id. */
-function positionFields(state: JobState, part: JobListPosition['part']): { priority: boolean; time: boolean } {
+function positionFields(state: ListedJobState, part: JobListPosition['part']): { priority: boolean; time: boolean } {
   if (part === 'grouped') return { priority: false, time: false };
   return { priority: state === 'ready', time: state !== 'dead' };
 }
@@ -53,7 +53,7 @@ function positionFields(state: JobState, part: JobListPosition['part']): { prior
 interface CursorJson {
   v: 1;
   q: string;
-  s: JobState;
+  s: ListedJobState;
   p: 'u' | 'g';
   i: string;
   r?: number;
@@ -66,7 +66,7 @@ interface CursorJson {
  * queue and state too, so a cursor passed to another listing is refused instead of paging it
  * from a meaningless position.
  */
-export function encodeJobListCursor(request: { queue: string; state: JobState }, last: JobListPosition): string {
+export function encodeJobListCursor(request: { queue: string; state: ListedJobState }, last: JobListPosition): string {
   const json: CursorJson = {
     v: 1,
     q: request.queue,
@@ -94,7 +94,7 @@ export function checkJobListRequest(request: JobListRequest): CheckedJobListRequ
   return { queue, state: request.state, limit, after: cursor === null ? null : decode(queue, request.state, cursor) };
 }
 
-function decode(queue: string, state: JobState, cursor: unknown): JobListPosition {
+function decode(queue: string, state: ListedJobState, cursor: unknown): JobListPosition {
   const refuse = (problem: string): never => {
     throw new SqlQueueValidationError(
       `the cursor for ${state} jobs of queue '${queue}' is malformed (${problem}): pass the nextCursor of the previous page unchanged, or no cursor for the first page`,

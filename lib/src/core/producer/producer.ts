@@ -5,6 +5,7 @@ import { NO_TRACING, type QueueTracer } from '../tracing.js';
 import type {
   AttemptRecord,
   BlockedGroupPage,
+  CancelResult,
   DeadJobPage,
   EnqueueOptions,
   EnqueueResult,
@@ -16,6 +17,7 @@ import type {
 } from '../types.js';
 import {
   assertInteger,
+  assertKeyText,
   assertOptionGroup,
   assertQueueName,
   assertReason,
@@ -23,7 +25,10 @@ import {
   MAX_AGE_MS,
 } from '../validation.js';
 import { ENQUEUE_OPTION_KEYS, prepareJob, withTraceContext } from './job-validation.js';
-import type { RemoteWaker, WakeBus } from '../wake.js';
+import { cancelWakeName, type RemoteWaker, type WakeBus } from '../wake.js';
+
+/** Most job ids one cancelMany takes (one statement). */
+const MAX_CANCEL_IDS = 1_000;
 
 /** Options of one enqueue call. */
 export interface EnqueueCallOptions extends EnqueueOptions {
@@ -224,6 +229,44 @@ export class QueueProducerCore {
     const resumed = await this.store.resumeQueue(queue);
     if (resumed) this.wake(queue);
     return resumed;
+  }
+
+  /**
+   * Cancels jobs by id (see CancelOutcome): ready and delayed ones at once; leased ones through
+   * their owner, told by its next heartbeat, or at once by a wake-up where one reaches it.
+   */
+  async cancelMany(jobIds: readonly JobId[], options: { reason?: string } = {}): Promise<CancelResult[]> {
+    const ids = assertIdList(jobIds);
+    if (ids.length > MAX_CANCEL_IDS) {
+      throw new SqlQueueValidationError(`cancelMany takes at most ${MAX_CANCEL_IDS} job ids, got ${ids.length}`);
+    }
+    const { reason } = assertOptionGroup('cancel options', options, ['reason'], SqlQueueValidationError);
+    const results = await this.store.cancel(ids, assertReason('cancel', reason));
+    for (const queue of new Set(results.filter((r) => r.outcome === 'canceling').map((r) => r.queue!))) {
+      this.wake(cancelWakeName(queue));
+    }
+    // A canceled job that headed an ordered group let the group's next job go.
+    for (const queue of new Set(results.filter((r) => r.outcome === 'canceled').map((r) => r.queue!))) this.wake(queue);
+    return results;
+  }
+
+  /** cancelMany for one job. */
+  async cancel(jobId: JobId, options: { reason?: string } = {}): Promise<CancelResult> {
+    const [result] = await this.cancelMany([assertJobId(jobId)], options);
+    return result!;
+  }
+
+  /** Cancels the job with this idempotency key in the queue; null when no job of the queue has it. */
+  async cancelByKey(
+    queue: string,
+    idempotencyKey: string,
+    options: { reason?: string } = {},
+  ): Promise<CancelResult | null> {
+    assertQueueName(queue);
+    const key = assertKeyText(`cancelByKey('${queue}')`, 'idempotencyKey', idempotencyKey);
+    assertOptionGroup('cancel options', options, ['reason'], SqlQueueValidationError);
+    const id = await this.store.findJobByKey(queue, key);
+    return id === null ? null : this.cancel(id, options);
   }
 
   /** Every paused queue, with its reason and when it was paused. */

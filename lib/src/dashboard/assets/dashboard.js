@@ -245,6 +245,7 @@ const api = {
   purgeDead: (queue, selection) => postJson(`api/queues/${encodeURIComponent(queue)}/dead/purge`, selection),
   schedule: (id, action) => postJson(`api/schedules/${encodeURIComponent(id)}/${action}`, {}),
   queueControl: (queue, action) => postJson(`api/queues/${encodeURIComponent(queue)}/${action}`, {}),
+  cancelJob: (id) => postJson(`api/jobs/${encodeURIComponent(id)}/cancel`, {}),
 };
 
 /** The overview feeds the overview page and the state tabs' counts; the last reading is kept. */
@@ -1201,23 +1202,34 @@ class JobView extends View {
       value === null || value === undefined || value === ''
         ? h('span', { class: 'muted' }, '—')
         : h('span', { class: mono ? 'mono' : null }, String(value));
+    const cancelable = ['ready', 'delayed', 'leased'].includes(job.state) && job.cancelRequestedAt === null;
     const actions =
-      dead && !READ_ONLY
+      cancelable && !READ_ONLY
         ? h(
             'div',
             { class: 'page-actions' },
-            button('Retry', {
-              class: 'button button-primary',
-              testid: 'job-retry',
-              onclick: (event) => this.act('retry', event.currentTarget),
-            }),
-            button('Purge', {
+            button(job.state === 'leased' ? 'Cancel (running)' : 'Cancel', {
               class: 'button button-danger',
-              testid: 'job-purge',
-              onclick: (event) => this.act('purge', event.currentTarget),
+              testid: 'job-cancel',
+              onclick: (event) => this.act('cancel', event.currentTarget),
             }),
           )
-        : null;
+        : dead && !READ_ONLY
+          ? h(
+              'div',
+              { class: 'page-actions' },
+              button('Retry', {
+                class: 'button button-primary',
+                testid: 'job-retry',
+                onclick: (event) => this.act('retry', event.currentTarget),
+              }),
+              button('Purge', {
+                class: 'button button-danger',
+                testid: 'job-purge',
+                onclick: (event) => this.act('purge', event.currentTarget),
+              }),
+            )
+          : null;
     const sorted = [...attempts].sort((a, b) => a.attempt - b.attempt);
     return [
       pageHead(
@@ -1317,6 +1329,22 @@ class JobView extends View {
 
   async act(kind, control) {
     const queue = this.detail.job.queue;
+    if (kind === 'cancel') {
+      if (!confirm(`Cancel job ${this.id}? It will not run (a running one is aborted by its worker).`)) return;
+      await runAction(
+        this,
+        control,
+        'Cancel',
+        () => api.cancelJob(this.id),
+        (result) =>
+          result.outcome === 'canceled'
+            ? `Job ${this.id} canceled: it will not run.`
+            : result.outcome === 'canceling'
+              ? `Job ${this.id} is running: its worker is told to stop it.`
+              : `Job ${this.id} had already finished: nothing changed.`,
+      );
+      return;
+    }
     if (kind === 'purge' && !confirm(`Purge job ${this.id}? It is deleted with its attempts.`)) return;
     await runAction(
       this,

@@ -575,6 +575,31 @@ END;`,
       ];
     },
   },
+  {
+    version: 13,
+    description: 'job cancellation',
+    // cancel() (issue 23): a ready or delayed job becomes 'canceled' (final; 8 characters, as
+    // [State] holds: the filtered indexes on it keep its type fixed); a leased one gets
+    // [CancelRequestedAt], which heartbeats report to its owner. Nullable columns without a
+    // default change metadata only; the longest possible row stays within 8,060 bytes (about
+    // 6,000 with the new nvarchar(1000)). The state and outcome checks are re-created with the new
+    // values, each checked against every row once (as version 4 did); canceled jobs get a
+    // retention index of their own. Instances of the previous release never write or read
+    // 'canceled': their claims skip canceled jobs, their heartbeats ignore a cancel request (the
+    // job then runs to its end there).
+    batches: (schema) => {
+      const s = quoteMssqlIdentifier(schema);
+      return [
+        `ALTER TABLE ${s}.[Jobs] ADD [CancelRequestedAt] datetime2(3) NULL, [CancelReason] nvarchar(1000) NULL;`,
+        `ALTER TABLE ${s}.[Jobs] DROP CONSTRAINT [CK_Jobs_State];`,
+        `ALTER TABLE ${s}.[Jobs] ADD CONSTRAINT [CK_Jobs_State] CHECK ([State] IN ('ready', 'delayed', 'leased', 'done', 'dead', 'canceled'));`,
+        `ALTER TABLE ${s}.[Attempts] DROP CONSTRAINT [CK_Attempts_Outcome];`,
+        `ALTER TABLE ${s}.[Attempts] ADD CONSTRAINT [CK_Attempts_Outcome] CHECK ([Outcome] IN ('failed', 'lease-expired', 'canceled'));`,
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_Canceled] ON ${s}.[Jobs] ([FinishedAt]) INCLUDE ([IdempotencyKey])
+  WHERE [State] = 'canceled' WITH (ALLOW_PAGE_LOCKS = OFF);`,
+      ];
+    },
+  },
 ];
 
 export const MSSQL_LATEST_VERSION = MSSQL_MIGRATIONS[MSSQL_MIGRATIONS.length - 1]!.version;

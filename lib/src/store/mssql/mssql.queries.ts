@@ -1,4 +1,4 @@
-import { claim, complete, fail, hasClaimableWork, heartbeat, release } from './queries/claim.queries.js';
+import { cancelAck, claim, complete, fail, hasClaimableWork, heartbeat, release } from './queries/claim.queries.js';
 import {
   enqueueMany,
   enqueueManyGrouped,
@@ -37,7 +37,7 @@ import {
   schedulePause,
   scheduleUpsert,
 } from './queries/schedules.queries.js';
-import { listPausedQueues, pauseQueue, resumeQueue } from './queries/control.queries.js';
+import { cancel, findJobByKey, listPausedQueues, pauseQueue, resumeQueue } from './queries/control.queries.js';
 import { mssqlTables, type MssqlTables } from './queries/tables.js';
 
 // The dialect's statements by capability live in queries/; this file is their index.
@@ -80,6 +80,9 @@ const STATEMENTS = {
   pauseQueue,
   resumeQueue,
   listPausedQueues,
+  cancel,
+  cancelAck,
+  findJobByKey,
   enqueueOne,
   enqueueOneGrouped,
   enqueueMany,

@@ -15,6 +15,8 @@ import { MAX_TRACE_CONTEXT_LENGTH } from '../../core/tracing.js';
 import type {
   AttemptRecord,
   BlockedGroupPage,
+  CancelOutcome,
+  CancelResult,
   CleanupRequest,
   ClaimedJob,
   ClaimRequest,
@@ -30,6 +32,7 @@ import type {
   JobListPage,
   JobListRequest,
   JobRecord,
+  JobState,
   JobSummary,
   NewJob,
   OwnedJob,
@@ -328,8 +331,16 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
         item.maxDurationMs === null ? null : Math.min(item.maxDurationMs, INT_MAX),
       );
     }
-    const rows = await this.run<{ Id: string; LeaseUntil: Date | null }>('heartbeat', (r) => r.input('items', table));
-    return rows.map((row) => ({ id: row.Id, outcome: row.LeaseUntil ? 'ok' : 'lost', leaseUntil: row.LeaseUntil }));
+    const rows = await this.run<{ Id: string; LeaseUntil: Date | null; Cancel: boolean; CancelReason: string | null }>(
+      'heartbeat',
+      (r) => r.input('items', table),
+    );
+    return rows.map((row) => ({
+      id: row.Id,
+      outcome: row.LeaseUntil ? 'ok' : 'lost',
+      leaseUntil: row.LeaseUntil,
+      ...(row.LeaseUntil && row.Cancel ? { cancel: { reason: row.CancelReason ?? null } } : {}),
+    }));
   }
 
   async complete(items: readonly OwnedJob[]): Promise<CompleteResult[]> {
@@ -340,7 +351,23 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
     return rows.map((row) => ({ id: row.Id, outcome: row.Outcome }));
   }
 
+  /**
+   * Failures, and the acknowledged cancellations among them (a statement of their own: the
+   * FailureList type has no column to tell them apart, and a table type cannot be altered).
+   */
   async fail(items: readonly FailItem[]): Promise<FailResult[]> {
+    const canceled = items.filter((item) => item.canceled === true);
+    if (canceled.length === 0) return this.failStatement('fail', items);
+    const failed = items.filter((item) => item.canceled !== true);
+    const results = [
+      ...(await this.failStatement('fail', failed)),
+      ...(await this.failStatement('cancelAck', canceled)),
+    ];
+    const byId = new Map(results.map((result) => [result.id, result]));
+    return uniqueById(items).map((item) => byId.get(item.id)!);
+  }
+
+  private async failStatement(name: 'fail' | 'cancelAck', items: readonly FailItem[]): Promise<FailResult[]> {
     if (items.length === 0) return [];
     const table = new sql.Table(`${this.schema}.${MSSQL_TABLE_TYPES.failure}`);
     table.columns.add('Id', sql.BigInt, { nullable: false });
@@ -361,9 +388,8 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
         item.workerId,
       );
     }
-    const rows = await this.run<{ Id: string; Outcome: OwnershipOutcome; State: 'ready' | 'delayed' | 'dead' | null }>(
-      'fail',
-      (r) => r.input('items', table),
+    const rows = await this.run<{ Id: string; Outcome: OwnershipOutcome; State: FailResult['state'] }>(name, (r) =>
+      r.input('items', table),
     );
     return rows.map((row) => ({ id: row.Id, outcome: row.Outcome, state: row.State ?? null }));
   }
@@ -458,6 +484,27 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
       reason: (row.Reason as string | null) ?? null,
       pausedAt: row.PausedAt as Date,
     }));
+  }
+
+  async cancel(ids: readonly JobId[], reason: string | null): Promise<CancelResult[]> {
+    const distinct = [...new Set(ids.map((id) => assertJobId(id)))];
+    if (distinct.length === 0) return [];
+    const rows = await this.run<{ Id: string; Queue: string | null; Outcome: CancelOutcome; State: JobState | null }>(
+      'cancel',
+      (r) => r.input('ids', this.idTable(distinct)).input('reason', sql.NVarChar(1000), reason),
+    );
+    const byId = new Map(rows.map((row) => [row.Id, row]));
+    return distinct.map((id) => {
+      const row = byId.get(id)!;
+      return { id, queue: row.Queue ?? null, outcome: row.Outcome, state: row.State ?? null };
+    });
+  }
+
+  async findJobByKey(queue: string, idempotencyKey: string): Promise<JobId | null> {
+    const rows = await this.run<{ Id: string }>('findJobByKey', (r) =>
+      r.input('queue', sql.NVarChar(128), queue).input('key', sql.NVarChar(255), idempotencyKey),
+    );
+    return rows[0]?.Id ?? null;
   }
 
   async hasClaimableWork(queue: string): Promise<boolean> {
@@ -930,6 +977,8 @@ function toJobRecord(row: Row): JobRecord {
     payload: JSON.parse(row.Payload as string),
     claimToken: row.ClaimToken ? (row.ClaimToken as string).toLowerCase() : null,
     lastError: (row.LastError as string | null) ?? null,
+    cancelRequestedAt: (row.CancelRequestedAt as Date | null) ?? null,
+    cancelReason: (row.CancelReason as string | null) ?? null,
   };
 }
 

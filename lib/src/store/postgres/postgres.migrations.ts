@@ -236,6 +236,28 @@ ORDER BY queue, group_key, id`,
 )`,
     ],
   },
+  {
+    version: 9,
+    description: 'job cancellation',
+    // cancel() (issue 23): a ready or delayed job becomes 'canceled' (final); a leased one gets
+    // cancel_requested_at, which heartbeats report to its owner. Nullable columns without a
+    // default are catalog changes only. The state check is re-created with the new state and
+    // checked against every row once (as version 3 did); canceled jobs get the retention index
+    // done jobs have. Instances of the previous release never write or read 'canceled': their
+    // claims skip canceled jobs (not ready), their heartbeats ignore a cancel request (the job
+    // then runs to its end there, and is canceled by nobody).
+    statements: (schema) => {
+      const s = quotePgIdentifier(schema);
+      return [
+        `ALTER TABLE ${s}.jobs ADD COLUMN cancel_requested_at timestamptz NULL, ADD COLUMN cancel_reason varchar(1000) NULL`,
+        `ALTER TABLE ${s}.jobs DROP CONSTRAINT jobs_state_ck,
+  ADD CONSTRAINT jobs_state_ck CHECK (state IN ('ready', 'delayed', 'leased', 'done', 'dead', 'canceled'))`,
+        `ALTER TABLE ${s}.attempts DROP CONSTRAINT attempts_outcome_ck,
+  ADD CONSTRAINT attempts_outcome_ck CHECK (outcome IN ('failed', 'lease-expired', 'canceled'))`,
+        `CREATE INDEX jobs_canceled_ix ON ${s}.jobs (finished_at) WHERE state = 'canceled'`,
+      ];
+    },
+  },
 ];
 
 export const PG_LATEST_VERSION = PG_MIGRATIONS[PG_MIGRATIONS.length - 1]!.version;

@@ -42,7 +42,14 @@ import {
   schedulePrune,
   scheduleUpsert,
 } from './queries/schedules.queries.js';
-import { listPausedQueues, pauseQueue, resumeQueue } from './queries/control.queries.js';
+import {
+  cancel,
+  cancelLockGroups,
+  findJobByKey,
+  listPausedQueues,
+  pauseQueue,
+  resumeQueue,
+} from './queries/control.queries.js';
 import { pgTables, type PgTables } from './queries/tables.js';
 
 // The dialect's statements by capability live in queries/; this file is their index.
@@ -65,6 +72,9 @@ const STATEMENTS = {
   pauseQueue,
   resumeQueue,
   listPausedQueues,
+  cancelLockGroups,
+  cancel,
+  findJobByKey,
   enqueueOne,
   enqueueMany,
   enqueueManyUniform,

@@ -14,6 +14,8 @@ import { assertSchemaVersion } from '../../core/maintenance/index.js';
 import type {
   AttemptRecord,
   BlockedGroupPage,
+  CancelOutcome,
+  CancelResult,
   CleanupRequest,
   ClaimedJob,
   ClaimRequest,
@@ -30,6 +32,7 @@ import type {
   JobListRequest,
   JobRecord,
   JobState,
+  ListedJobState,
   JobSummary,
   NewJob,
   OwnedJob,
@@ -291,7 +294,12 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
 
   async heartbeat(items: readonly HeartbeatItem[]): Promise<HeartbeatResult[]> {
     if (items.length === 0) return [];
-    const rows = await this.run<{ id: string; lease_until: Date | null }>(null, 'heartbeat', [
+    const rows = await this.run<{
+      id: string;
+      lease_until: Date | null;
+      cancel: boolean | null;
+      cancel_reason: string | null;
+    }>(null, 'heartbeat', [
       JSON.stringify(
         items.map((item) => ({
           id: item.id,
@@ -305,6 +313,7 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
       id: row.id,
       outcome: row.lease_until ? 'ok' : 'lost',
       leaseUntil: row.lease_until ?? null,
+      ...(row.lease_until && row.cancel ? { cancel: { reason: row.cancel_reason } } : {}),
     }));
   }
 
@@ -319,21 +328,24 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
 
   async fail(items: readonly FailItem[]): Promise<FailResult[]> {
     if (items.length === 0) return [];
-    const rows = await this.run<
-      { id: string; outcome: OwnershipOutcome; state: 'ready' | 'delayed' | 'dead' | null } & Emptied
-    >(null, 'fail', [
-      JSON.stringify(
-        items.map((item) => ({
-          id: item.id,
-          token: item.claimToken,
-          error: item.error,
-          stack: item.stack,
-          delay_ms: item.retryDelayMs,
-          dead: item.dead,
-          worker: item.workerId,
-        })),
-      ),
-    ]);
+    const rows = await this.run<{ id: string; outcome: OwnershipOutcome; state: FailResult['state'] } & Emptied>(
+      null,
+      'fail',
+      [
+        JSON.stringify(
+          items.map((item) => ({
+            id: item.id,
+            token: item.claimToken,
+            error: item.error,
+            stack: item.stack,
+            delay_ms: item.retryDelayMs,
+            dead: item.dead,
+            worker: item.workerId,
+            canceled: item.canceled === true,
+          })),
+        ),
+      ],
+    );
     this.settle(rows[0]?.emptied_groups);
     return rows.map((row) => ({ id: row.id, outcome: row.outcome, state: row.state ?? null }));
   }
@@ -349,7 +361,7 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
 
   async reap(batchSize: number): Promise<ReapedJob[]> {
     const rows = await this.run<
-      { id: string; queue: string; state: 'ready' | 'dead'; attempts: number } & Emptied & {
+      { id: string; queue: string; state: ReapedJob['state']; attempts: number } & Emptied & {
           voided_holds: (GroupRef & { token: string })[] | null;
         }
     >(null, 'reap', [batchSize]);
@@ -382,6 +394,30 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
       [],
     );
     return rows.map((row) => ({ queue: row.queue, reason: row.reason, pausedAt: row.paused_at }));
+  }
+
+  async cancel(ids: readonly JobId[], reason: string | null): Promise<CancelResult[]> {
+    const distinct = [...new Set(ids.map((id) => assertJobId(id)))];
+    if (distinct.length === 0) return [];
+    const rows = await this.driver.transaction(async (client) => {
+      await client.query(this.sql.cancelLockGroups, [distinct]);
+      const result = await client.query<
+        { id: string; queue: string | null; outcome: CancelOutcome; state: JobState | null } & Emptied
+      >(this.sql.cancel, [distinct, reason]);
+      return result.rows;
+    });
+    this.settle(rows[0]?.emptied_groups);
+    return rows.map((row) => ({
+      id: row.id,
+      queue: row.queue ?? null,
+      outcome: row.outcome,
+      state: row.state ?? null,
+    }));
+  }
+
+  async findJobByKey(queue: string, idempotencyKey: string): Promise<JobId | null> {
+    const rows = await this.run<{ id: string }>(null, 'findJobByKey', [queue, idempotencyKey]);
+    return rows[0]?.id ?? null;
   }
 
   async hasClaimableWork(queue: string): Promise<boolean> {
@@ -994,6 +1030,8 @@ function toJobRecord(row: Row): JobRecord {
     payload: row.payload,
     claimToken: (row.claim_token as string | null) ?? null,
     lastError: (row.last_error as string | null) ?? null,
+    cancelRequestedAt: (row.cancel_requested_at as Date | null) ?? null,
+    cancelReason: (row.cancel_reason as string | null) ?? null,
   };
 }
 
@@ -1010,9 +1048,9 @@ const BIGINT_MAX = '9223372036854775807';
  * position in the grouped part puts the ungrouped one past its end.
  */
 function listStatement(
-  state: JobState,
+  state: ListedJobState,
   after: JobListPosition | null,
-): { name: (typeof JOB_LIST_STATEMENTS)[JobState]; position: unknown[] } {
+): { name: (typeof JOB_LIST_STATEMENTS)[ListedJobState]; position: unknown[] } {
   const name = JOB_LIST_STATEMENTS[state];
   const grouped = after?.part === 'grouped';
   const groupedAfter = grouped ? [after.groupKey, after.id] : ['', '0'];
@@ -1036,7 +1074,7 @@ function listStatement(
 }
 
 /** Where a listing stops after `row`: its sort key in its state's order. */
-function positionOf(state: JobState, row: Row): JobListPosition {
+function positionOf(state: ListedJobState, row: Row): JobListPosition {
   const groupKey = (row.group_key as string | null) ?? null;
   const grouped = (state === 'ready' || state === 'delayed') && groupKey !== null;
   return {

@@ -15,6 +15,16 @@ import { atomically, MSSQL_STORE_SESSION } from './session.js';
 import { CLAIM_HINTS, isPaused } from './shared.js';
 import type { MssqlTables } from './tables.js';
 
+// A leased job cancel() marked never goes back to waiting: where it would (a give-back, a batch
+// sibling given back), it is canceled instead, final.
+function backOrCanceled(j: string): string {
+  return `CASE WHEN ${j}.[CancelRequestedAt] IS NOT NULL THEN 'canceled' ELSE 'ready' END`;
+}
+
+function canceledNow(j: string): string {
+  return `CASE WHEN ${j}.[CancelRequestedAt] IS NOT NULL THEN SYSUTCDATETIME() END`;
+}
+
 // A claim's ungrouped jobs (@jobUnits of them): the seed's READPAST claim of the ready index.
 function candidateJobs(t: MssqlTables): string {
   const { jobs } = t;
@@ -233,20 +243,26 @@ ORDER BY [UnitPriority] DESC, [UnitAt], [UnitId], [Id];`;
 }
 
 // @items HeartbeatList. The lease never runs past ClaimedAt + MaxMs; once that cap has passed
-// the lease cannot be renewed, and the answer is no lease (lost), not 'ok'.
+// the lease cannot be renewed, and the answer is no lease (lost), not 'ok'. A job cancel()
+// marked comes back with its cancel request, its lease still renewed (fenced while its owner
+// records the cancellation).
 export function heartbeat(t: MssqlTables): string {
   const { jobs } = t;
-  return `${MSSQL_STORE_SESSION}DECLARE @extended TABLE ([Id] bigint NOT NULL PRIMARY KEY, [LeaseUntil] datetime2(3) NOT NULL);
+  return `${MSSQL_STORE_SESSION}DECLARE @extended TABLE (
+  [Id] bigint NOT NULL PRIMARY KEY, [LeaseUntil] datetime2(3) NOT NULL, [CancelRequestedAt] datetime2(3) NULL,
+  [CancelReason] nvarchar(1000) NULL);
 UPDATE j
 SET [LeaseUntil] = CASE
     WHEN i.[MaxMs] IS NULL OR DATEADD(millisecond, i.[LeaseMs], SYSUTCDATETIME()) < DATEADD(millisecond, i.[MaxMs], j.[ClaimedAt])
       THEN DATEADD(millisecond, i.[LeaseMs], SYSUTCDATETIME())
     ELSE DATEADD(millisecond, i.[MaxMs], j.[ClaimedAt]) END
-OUTPUT inserted.[Id], inserted.[LeaseUntil] INTO @extended ([Id], [LeaseUntil])
+OUTPUT inserted.[Id], inserted.[LeaseUntil], inserted.[CancelRequestedAt], inserted.[CancelReason]
+INTO @extended ([Id], [LeaseUntil], [CancelRequestedAt], [CancelReason])
 FROM ${jobs} AS j WITH (ROWLOCK)
 INNER JOIN @items AS i ON j.[Id] = i.[Id] AND j.[ClaimToken] = i.[Token]
 WHERE j.[State] = 'leased';
-SELECT CAST(i.[Id] AS varchar(20)) AS [Id], CASE WHEN e.[LeaseUntil] > SYSUTCDATETIME() THEN e.[LeaseUntil] END AS [LeaseUntil]
+SELECT CAST(i.[Id] AS varchar(20)) AS [Id], CASE WHEN e.[LeaseUntil] > SYSUTCDATETIME() THEN e.[LeaseUntil] END AS [LeaseUntil],
+       CAST(CASE WHEN e.[CancelRequestedAt] IS NOT NULL THEN 1 ELSE 0 END AS bit) AS [Cancel], e.[CancelReason]
 FROM @items AS i LEFT JOIN @extended AS e ON e.[Id] = i.[Id];`;
 }
 
@@ -278,17 +294,55 @@ FROM @items AS i LEFT JOIN @completed AS c ON c.[Id] = i.[Id];`;
 // (a retry keeps its place), or, when it died, by the next job ('continue') or stopped by it
 // ('block', the queue's recorded groupOnDead; 'continue' when none is recorded).
 export function fail(t: MssqlTables): string {
+  return failure(t, 'failed');
+}
+
+// @items FailureList: owners acknowledging cancellations (cancel() marked their leased jobs).
+// The same transition as fail, to the final state 'canceled' with a 'canceled' attempt, never
+// retried and never blocking its group, which moves on as after a completion.
+export function cancelAck(t: MssqlTables): string {
+  return failure(t, 'canceled');
+}
+
+function failure(t: MssqlTables, outcome: 'failed' | 'canceled'): string {
   const { jobs, attempts, settings, groups } = t;
+  // A job cancel() marked is never retried: its failure (its owner had not heard of the
+  // cancellation yet) ends it canceled too.
+  const ends =
+    outcome === 'canceled'
+      ? '1 = 1'
+      : 'j.[CancelRequestedAt] IS NOT NULL OR i.[Dead] = 1 OR j.[Attempts] >= j.[MaxAttempts]';
+  const state =
+    outcome === 'canceled'
+      ? "'canceled'"
+      : `CASE WHEN j.[CancelRequestedAt] IS NOT NULL THEN 'canceled' WHEN ${ends} THEN 'dead'
+                     WHEN i.[DelayMs] > 0 THEN 'delayed' ELSE 'ready' END`;
+  const runAt =
+    outcome === 'canceled'
+      ? 'j.[RunAt]'
+      : `CASE WHEN ${ends} THEN j.[RunAt]
+                     ELSE DATEADD(millisecond, i.[DelayMs], SYSUTCDATETIME()) END`;
+  const finishedAt =
+    outcome === 'canceled' ? 'SYSUTCDATETIME()' : `CASE WHEN ${ends} THEN SYSUTCDATETIME() ELSE NULL END`;
+  const touched =
+    outcome === 'canceled'
+      ? `    INSERT INTO @touched ([Queue], [GroupKey], [Token], [BlockId])
+    SELECT DISTINCT f.[Queue], f.[GroupKey], f.[Token], NULL
+    FROM @failed AS f
+    WHERE f.[GroupKey] IS NOT NULL;`
+      : `    INSERT INTO @touched ([Queue], [GroupKey], [Token], [BlockId])
+    SELECT f.[Queue], f.[GroupKey], f.[Token], ${blockingJob('f')}
+    FROM @failed AS f LEFT JOIN ${settings} AS q ON q.[Queue] = f.[Queue]
+    WHERE f.[GroupKey] IS NOT NULL
+    GROUP BY f.[Queue], f.[GroupKey], f.[Token];`;
   return `${MSSQL_STORE_SESSION}DECLARE @failed TABLE (
   [Id] bigint NOT NULL PRIMARY KEY, [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL, [State] varchar(8) NOT NULL, [Attempt] int NOT NULL,
   [ClaimedAt] datetime2(3) NULL, [Token] uniqueidentifier NOT NULL, [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL);
 DECLARE @batchTokens TABLE ([Token] uniqueidentifier NOT NULL PRIMARY KEY);
 ${TOUCHED_GROUPS}${atomically(`  UPDATE j
-  SET [State] = CASE WHEN i.[Dead] = 1 OR j.[Attempts] >= j.[MaxAttempts] THEN 'dead'
-                     WHEN i.[DelayMs] > 0 THEN 'delayed' ELSE 'ready' END,
-      [RunAt] = CASE WHEN i.[Dead] = 1 OR j.[Attempts] >= j.[MaxAttempts] THEN j.[RunAt]
-                     ELSE DATEADD(millisecond, i.[DelayMs], SYSUTCDATETIME()) END,
-      [FinishedAt] = CASE WHEN i.[Dead] = 1 OR j.[Attempts] >= j.[MaxAttempts] THEN SYSUTCDATETIME() ELSE NULL END,
+  SET [State] = ${state},
+      [RunAt] = ${runAt},
+      [FinishedAt] = ${finishedAt},
       [ClaimToken] = NULL, [LeaseUntil] = NULL, [LastError] = i.[Error]
   OUTPUT inserted.[Id], inserted.[Queue], inserted.[State], inserted.[Attempts], inserted.[ClaimedAt], deleted.[ClaimToken],
          inserted.[GroupKey]
@@ -297,27 +351,24 @@ ${TOUCHED_GROUPS}${atomically(`  UPDATE j
   INNER JOIN @items AS i ON j.[Id] = i.[Id] AND j.[ClaimToken] = i.[Token]
   WHERE j.[State] = 'leased';
   INSERT INTO ${attempts} WITH (ROWLOCK) ([JobId], [Queue], [Attempt], [Outcome], [Error], [Stack], [WorkerId], [ClaimToken], [StartedAt], [FinishedAt])
-  SELECT f.[Id], f.[Queue], f.[Attempt], 'failed', i.[Error], i.[Stack], i.[WorkerId], f.[Token], f.[ClaimedAt], SYSUTCDATETIME()
+  SELECT f.[Id], f.[Queue], f.[Attempt], '${outcome}', i.[Error], i.[Stack], i.[WorkerId], f.[Token], f.[ClaimedAt], SYSUTCDATETIME()
   FROM @failed AS f INNER JOIN @items AS i ON i.[Id] = f.[Id];
   IF EXISTS (SELECT 1 FROM @failed WHERE [GroupKey] IS NOT NULL)
   BEGIN
     INSERT INTO @batchTokens ([Token]) SELECT DISTINCT [Token] FROM @failed WHERE [GroupKey] IS NOT NULL;
     UPDATE s
-    SET [State] = 'ready', [Attempts] = CASE WHEN s.[Attempts] > 0 THEN s.[Attempts] - 1 ELSE 0 END, [ClaimToken] = NULL,
+    SET [State] = ${backOrCanceled('s')}, [FinishedAt] = ${canceledNow('s')},
+        [Attempts] = CASE WHEN s.[Attempts] > 0 THEN s.[Attempts] - 1 ELSE 0 END, [ClaimToken] = NULL,
         [LeaseUntil] = NULL, [ClaimedAt] = NULL, [WorkerId] = NULL
     FROM ${jobs} AS s WITH (ROWLOCK)
     INNER JOIN @batchTokens AS b ON s.[ClaimToken] = b.[Token]
     WHERE s.[State] = 'leased' AND s.[GroupKey] IS NOT NULL;
-    INSERT INTO @touched ([Queue], [GroupKey], [Token], [BlockId])
-    SELECT f.[Queue], f.[GroupKey], f.[Token], ${blockingJob('f')}
-    FROM @failed AS f LEFT JOIN ${settings} AS q ON q.[Queue] = f.[Queue]
-    WHERE f.[GroupKey] IS NOT NULL
-    GROUP BY f.[Queue], f.[GroupKey], f.[Token];
+${touched}
 ${settleGroups(jobs, groups)}
   END;`)}
 SELECT CAST(i.[Id] AS varchar(20)) AS [Id], f.[State],
   CASE WHEN f.[Id] IS NOT NULL THEN 'ok'
-       WHEN EXISTS (SELECT 1 FROM ${attempts} AS a WHERE a.[JobId] = i.[Id] AND a.[ClaimToken] = i.[Token] AND a.[Outcome] = 'failed') THEN 'already'
+       WHEN EXISTS (SELECT 1 FROM ${attempts} AS a WHERE a.[JobId] = i.[Id] AND a.[ClaimToken] = i.[Token] AND a.[Outcome] = '${outcome}') THEN 'already'
        ELSE 'lost' END AS [Outcome]
 FROM @items AS i LEFT JOIN @failed AS f ON f.[Id] = i.[Id];`;
 }
@@ -328,7 +379,8 @@ FROM @items AS i LEFT JOIN @failed AS f ON f.[Id] = i.[Id];`;
 export function release(t: MssqlTables): string {
   const { jobs, groups } = t;
   return `${MSSQL_STORE_SESSION}${movedJobsTable('@released')}${TOUCHED_GROUPS}${atomically(`  UPDATE j
-  SET [State] = 'ready', [Attempts] = CASE WHEN j.[Attempts] > 0 THEN j.[Attempts] - 1 ELSE 0 END, [ClaimToken] = NULL,
+  SET [State] = ${backOrCanceled('j')}, [FinishedAt] = ${canceledNow('j')},
+      [Attempts] = CASE WHEN j.[Attempts] > 0 THEN j.[Attempts] - 1 ELSE 0 END, [ClaimToken] = NULL,
       [LeaseUntil] = NULL, [ClaimedAt] = NULL, [WorkerId] = NULL
   OUTPUT inserted.[Id], inserted.[Queue], inserted.[GroupKey], deleted.[ClaimToken]
   INTO @released ([Id], [Queue], [GroupKey], [Token])

@@ -75,7 +75,8 @@ SELECT COUNT_BIG(*) AS [Deleted] FROM @purged;`;
 // them (their attempt returned, their last error kept, ready even at their last attempt, no
 // attempt row). They are written twice (reaped, then given back: the reaper's locked read is
 // the seed's update in place, which cannot tell them apart), in one transaction, on rows it
-// already holds. Then the group is settled as after a failure.
+// already holds. Then the group is settled as after a failure. A job cancel() marked is
+// canceled, not retried (its owner died before recording that), a never-started one included.
 export function reap(t: MssqlTables): string {
   const { jobs, attempts, settings, groups } = t;
   return `${MSSQL_STORE_SESSION}DECLARE @reaped TABLE (
@@ -91,8 +92,8 @@ ${TOUCHED_GROUPS}${atomically(`  WITH expired AS (
     ORDER BY [LeaseUntil]
   )
   UPDATE expired
-  SET [State] = CASE WHEN [Attempts] >= [MaxAttempts] THEN 'dead' ELSE 'ready' END,
-      [FinishedAt] = CASE WHEN [Attempts] >= [MaxAttempts] THEN SYSUTCDATETIME() ELSE NULL END,
+  SET [State] = CASE WHEN [CancelRequestedAt] IS NOT NULL THEN 'canceled' WHEN [Attempts] >= [MaxAttempts] THEN 'dead' ELSE 'ready' END,
+      [FinishedAt] = CASE WHEN [CancelRequestedAt] IS NOT NULL OR [Attempts] >= [MaxAttempts] THEN SYSUTCDATETIME() ELSE NULL END,
       [LastError] = CONCAT(N'lease expired at ', STUFF(CONVERT(char(23), [LeaseUntil], 121), 11, 1, 'T'), N'Z (worker ', COALESCE([WorkerId], N'unknown'), N')'),
       [ClaimToken] = NULL, [LeaseUntil] = NULL
   OUTPUT inserted.[Id], inserted.[Queue], inserted.[State], inserted.[Attempts], deleted.[ClaimToken], deleted.[WorkerId],
@@ -102,8 +103,8 @@ ${TOUCHED_GROUPS}${atomically(`  WITH expired AS (
   BEGIN
     INSERT INTO @batchTokens ([Token]) SELECT DISTINCT [Token] FROM @reaped WHERE [GroupKey] IS NOT NULL AND [Token] IS NOT NULL;
     UPDATE s
-    SET [State] = CASE WHEN s.[Attempts] >= s.[MaxAttempts] THEN 'dead' ELSE 'ready' END,
-        [FinishedAt] = CASE WHEN s.[Attempts] >= s.[MaxAttempts] THEN SYSUTCDATETIME() ELSE NULL END,
+    SET [State] = CASE WHEN s.[CancelRequestedAt] IS NOT NULL THEN 'canceled' WHEN s.[Attempts] >= s.[MaxAttempts] THEN 'dead' ELSE 'ready' END,
+        [FinishedAt] = CASE WHEN s.[CancelRequestedAt] IS NOT NULL OR s.[Attempts] >= s.[MaxAttempts] THEN SYSUTCDATETIME() ELSE NULL END,
         [LastError] = CONCAT(N'lease expired at ', STUFF(CONVERT(char(23), s.[LeaseUntil], 121), 11, 1, 'T'), N'Z (worker ',
                              COALESCE(s.[WorkerId], N'unknown'), N') with its group batch'),
         [ClaimToken] = NULL, [LeaseUntil] = NULL
@@ -121,10 +122,10 @@ ${TOUCHED_GROUPS}${atomically(`  WITH expired AS (
         [LastError] = r.[PriorError], [ClaimedAt] = NULL, [WorkerId] = NULL
     FROM ${jobs} AS j WITH (ROWLOCK)
     INNER JOIN @reaped AS r ON r.[Id] = j.[Id]
-    WHERE r.[Unstarted] = 1;
+    WHERE r.[Unstarted] = 1 AND r.[State] <> 'canceled';
     UPDATE r SET [State] = 'ready', [Attempt] = CASE WHEN r.[Attempt] > 0 THEN r.[Attempt] - 1 ELSE 0 END
     FROM @reaped AS r
-    WHERE r.[Unstarted] = 1;
+    WHERE r.[Unstarted] = 1 AND r.[State] <> 'canceled';
   END;
   INSERT INTO ${attempts} WITH (ROWLOCK) ([JobId], [Queue], [Attempt], [Outcome], [Error], [Stack], [WorkerId], [ClaimToken], [StartedAt], [FinishedAt])
   SELECT [Id], [Queue], [Attempt], 'lease-expired', [LastError], NULL, [WorkerId], [Token], [ClaimedAt], SYSUTCDATETIME()
@@ -212,6 +213,14 @@ IF @deleted < @batch
 BEGIN
   DELETE TOP (@batch - @deleted) FROM ${jobs} WITH (ROWLOCK)
   WHERE [State] = 'done' AND [IdempotencyKey] IS NOT NULL AND [FinishedAt] < @keyedDoneBefore;
+  SET @deleted = @deleted + @@ROWCOUNT;
+END;
+IF @deleted < @batch
+BEGIN
+  -- Canceled jobs are kept as done ones are (IX_Jobs_Canceled).
+  DELETE TOP (@batch - @deleted) FROM ${jobs} WITH (ROWLOCK)
+  WHERE [State] = 'canceled' AND [FinishedAt] < @doneBefore
+    AND ([IdempotencyKey] IS NULL OR [FinishedAt] < @keyedDoneBefore);
   SET @deleted = @deleted + @@ROWCOUNT;
 END;
 IF @deadMs IS NOT NULL AND @deleted < @batch

@@ -11,13 +11,23 @@ function siblingsBack(t: PgTables, moved: string): string {
   const { jobs } = t;
   return `siblings AS (
   UPDATE ${jobs} AS j
-  SET state = 'ready', attempts = GREATEST(j.attempts - 1, 0), claim_token = NULL, lease_until = NULL,
-      claimed_at = NULL, worker_id = NULL
+  SET state = ${backOrCanceled('j')}, finished_at = ${canceledNow('j')},
+      attempts = GREATEST(j.attempts - 1, 0), claim_token = NULL, lease_until = NULL, claimed_at = NULL, worker_id = NULL
   FROM unnest(ARRAY(SELECT DISTINCT token FROM ${moved} WHERE group_key IS NOT NULL)) AS m(token)
   WHERE j.claim_token = m.token AND j.state = 'leased' AND j.group_key IS NOT NULL
     AND j.id NOT IN (SELECT id FROM ${moved})
   RETURNING j.id, j.queue, j.group_key, m.token, j.state, j.run_at, j.priority
 )`;
+}
+
+// A leased job cancel() marked never goes back to waiting: where it would (a failure to retry, a
+// give-back, a batch sibling given back), it is canceled instead, final.
+function backOrCanceled(j: string, back = "'ready'"): string {
+  return `CASE WHEN ${j}.cancel_requested_at IS NOT NULL THEN 'canceled' ELSE ${back} END`;
+}
+
+function canceledNow(j: string): string {
+  return `CASE WHEN ${j}.cancel_requested_at IS NOT NULL THEN now() END`;
 }
 
 // $1 queue, $2 limit (units), $3 lease ms, $4 worker id, $5 group batch size.
@@ -140,7 +150,9 @@ FROM updated WHERE lease`;
 }
 
 // $1 jsonb [{id, token, lease_ms, max_ms}]; the lease never runs past claimed_at + max_ms. Once
-// that cap has passed the lease cannot be renewed: the answer is no lease (lost), not 'ok'.
+// that cap has passed the lease cannot be renewed: the answer is no lease (lost), not 'ok'. A job
+// cancel() marked comes back with its cancel request: the lease is still renewed, so the job
+// stays fenced while its owner records the cancellation.
 export function heartbeat(t: PgTables): string {
   const { jobs } = t;
   return `WITH input AS (
@@ -153,9 +165,10 @@ export function heartbeat(t: PgTables): string {
   END
   FROM input i
   WHERE j.id = i.id AND j.claim_token = i.token AND j.state = 'leased'
-  RETURNING j.id, j.lease_until
+  RETURNING j.id, j.lease_until, j.cancel_requested_at, j.cancel_reason
 )
-SELECT input.id::text AS id, CASE WHEN extended.lease_until > now() THEN extended.lease_until END AS lease_until
+SELECT input.id::text AS id, CASE WHEN extended.lease_until > now() THEN extended.lease_until END AS lease_until,
+       extended.cancel_requested_at IS NOT NULL AS cancel, extended.cancel_reason
 FROM input LEFT JOIN extended ON extended.id = input.id`;
 }
 
@@ -180,27 +193,30 @@ SELECT input.id::text AS id,
 FROM input LEFT JOIN completed ON completed.id = input.id`;
 }
 
-// $1 jsonb [{id, token, error, stack, delay_ms, dead, worker}]. A retry that is not due yet
-// waits as 'delayed' (out of the claim's ready index); the claim promotes it once due.
+// $1 jsonb [{id, token, error, stack, delay_ms, dead, worker, canceled}]. A retry that is not due
+// yet waits as 'delayed' (out of the claim's ready index); the claim promotes it once due. An
+// acknowledged cancellation (canceled) makes the job 'canceled', final, its attempt 'canceled'.
 // A grouped job's batch siblings (leased with the same token, not run yet) go back to ready
 // with their attempt given back, and its group is released: the failed job stays its head.
 export function fail(t: PgTables): string {
   const { jobs, attempts } = t;
   return `WITH input AS (
   SELECT * FROM jsonb_to_recordset($1::jsonb)
-    AS i(id bigint, token uuid, error text, stack text, delay_ms float8, dead boolean, worker text)
+    AS i(id bigint, token uuid, error text, stack text, delay_ms float8, dead boolean, worker text, canceled boolean)
 ), failed AS (
   UPDATE ${jobs} AS j
-  SET state = CASE WHEN i.dead OR j.attempts >= j.max_attempts THEN 'dead'
+  SET state = CASE WHEN i.canceled OR j.cancel_requested_at IS NOT NULL THEN 'canceled'
+                   WHEN i.dead OR j.attempts >= j.max_attempts THEN 'dead'
                    WHEN i.delay_ms > 0 THEN 'delayed' ELSE 'ready' END,
-      run_at = CASE WHEN i.dead OR j.attempts >= j.max_attempts THEN j.run_at
-                    ELSE now() + i.delay_ms * interval '1 millisecond' END,
-      finished_at = CASE WHEN i.dead OR j.attempts >= j.max_attempts THEN now() END,
+      run_at = CASE WHEN i.canceled OR j.cancel_requested_at IS NOT NULL OR i.dead OR j.attempts >= j.max_attempts
+                    THEN j.run_at ELSE now() + i.delay_ms * interval '1 millisecond' END,
+      finished_at = CASE WHEN i.canceled OR j.cancel_requested_at IS NOT NULL OR i.dead OR j.attempts >= j.max_attempts
+                         THEN now() END,
       claim_token = NULL, lease_until = NULL, last_error = i.error
   FROM input i
   WHERE j.id = i.id AND j.claim_token = i.token AND j.state = 'leased'
   RETURNING j.id, j.queue, j.group_key, j.state, j.attempts, j.claimed_at, j.run_at, j.priority,
-            i.token, i.error, i.stack, i.worker
+            i.token, i.error, i.stack, i.worker, i.canceled IS TRUE AS acknowledged
 ), ${siblingsBack(t, 'failed')}, changed AS (
   SELECT f.id, f.queue, f.group_key, f.token, f.state, f.run_at, f.priority,
          f.state = 'dead' AND f.group_key IS NOT NULL AND ${blocksOnDead(t, 'f.queue')} AS block
@@ -209,11 +225,14 @@ export function fail(t: PgTables): string {
   SELECT id, queue, group_key, token, state, run_at, priority, false FROM siblings
 )${groupRelease(t, 'changed')}, history AS (
   INSERT INTO ${attempts} (job_id, queue, attempt, outcome, error, stack, worker_id, claim_token, started_at, finished_at)
-  SELECT id, queue, attempts, 'failed', error, stack, worker, token, claimed_at, now() FROM failed
+  SELECT id, queue, attempts, CASE WHEN acknowledged THEN 'canceled' ELSE 'failed' END, error, stack, worker, token,
+         claimed_at, now()
+  FROM failed
 )
 SELECT input.id::text AS id, failed.state,
   CASE WHEN failed.id IS NOT NULL THEN 'ok'
-       WHEN EXISTS (SELECT 1 FROM ${attempts} a WHERE a.job_id = input.id AND a.claim_token = input.token AND a.outcome = 'failed') THEN 'already'
+       WHEN EXISTS (SELECT 1 FROM ${attempts} a
+                    WHERE a.job_id = input.id AND a.claim_token = input.token AND a.outcome IN ('failed', 'canceled')) THEN 'already'
        ELSE 'lost' END AS outcome,
   ${EMPTIED_GROUPS}
 FROM input LEFT JOIN failed ON failed.id = input.id`;
@@ -226,8 +245,8 @@ export function release(t: PgTables): string {
   SELECT * FROM jsonb_to_recordset($1::jsonb) AS i(id bigint, token uuid)
 ), released AS (
   UPDATE ${jobs} AS j
-  SET state = 'ready', attempts = GREATEST(j.attempts - 1, 0), claim_token = NULL, lease_until = NULL,
-      claimed_at = NULL, worker_id = NULL
+  SET state = ${backOrCanceled('j')}, finished_at = ${canceledNow('j')},
+      attempts = GREATEST(j.attempts - 1, 0), claim_token = NULL, lease_until = NULL, claimed_at = NULL, worker_id = NULL
   FROM input i
   WHERE j.id = i.id AND j.claim_token = i.token AND j.state = 'leased'
   RETURNING j.id, j.queue, j.group_key, i.token, j.state, j.run_at, j.priority, false AS block

@@ -8,7 +8,8 @@ import type { PgTables } from './tables.js';
 // run_at stays as it was: the job keeps its place, and its waiting age keeps counting.
 // A grouped job's batch siblings (leased with the same token) are reaped with it, whatever
 // their own lease says: the token is void, so its holder cannot go on with any of them. The
-// ones that never started get their attempt back and record none.
+// ones that never started get their attempt back and record none. A job cancel() marked is
+// canceled, not retried: its owner died before it could record that.
 export function reap(t: PgTables): string {
   const { jobs, attempts } = t;
   return `WITH expired_leases AS MATERIALIZED (
@@ -31,9 +32,11 @@ export function reap(t: PgTables): string {
   ) AS x
 ), reaped AS (
   UPDATE ${jobs} AS j
-  SET state = CASE WHEN NOT e.unstarted AND j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END,
+  SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'canceled'
+                   WHEN NOT e.unstarted AND j.attempts >= j.max_attempts THEN 'dead' ELSE 'ready' END,
       attempts = CASE WHEN e.unstarted THEN GREATEST(j.attempts - 1, 0) ELSE j.attempts END,
-      finished_at = CASE WHEN NOT e.unstarted AND j.attempts >= j.max_attempts THEN now() END,
+      finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL OR (NOT e.unstarted AND j.attempts >= j.max_attempts)
+                         THEN now() END,
       claim_token = NULL, lease_until = NULL,
       claimed_at = CASE WHEN e.unstarted THEN NULL ELSE j.claimed_at END,
       last_error = CASE WHEN e.unstarted THEN j.last_error
@@ -109,6 +112,7 @@ SELECT (SELECT count(*) FROM purged)::int AS deleted, ${EMPTIED_GROUPS}`;
 }
 
 // $1 done retention ms, $2 idempotency retention ms, $3 dead retention ms (null: keep), $4 batch.
+// Canceled jobs are kept as done ones are (jobs_canceled_ix).
 // A dead job that blocks its ordered group stays until it is retried or purged: deleting it
 // would leave the group blocked by nothing.
 // The outer conditions re-check, after a row lock wait, that the row is still finished (a
@@ -123,6 +127,12 @@ export function cleanup(t: PgTables): string {
           OR finished_at < now() - GREATEST($1::float8, $2::float8) * interval '1 millisecond')
    ORDER BY finished_at LIMIT $4)
   UNION ALL
+  (SELECT id FROM ${jobs}
+   WHERE state = 'canceled' AND finished_at < now() - $1::float8 * interval '1 millisecond'
+     AND (idempotency_key IS NULL
+          OR finished_at < now() - GREATEST($1::float8, $2::float8) * interval '1 millisecond')
+   ORDER BY finished_at LIMIT $4)
+  UNION ALL
   (SELECT id FROM ${jobs} d
    WHERE $3::float8 IS NOT NULL AND state = 'dead'
      AND finished_at < now() - $3::float8 * interval '1 millisecond'
@@ -131,7 +141,7 @@ export function cleanup(t: PgTables): string {
      AND (group_key IS NULL OR NOT EXISTS (
        SELECT 1 FROM ${groups} g WHERE g.queue = d.queue AND g.group_key = d.group_key AND g.blocked AND g.head_id = d.id))
    ORDER BY finished_at LIMIT $4)
-) AND (state = 'done' OR (state = 'dead' AND $3::float8 IS NOT NULL))
+) AND (state IN ('done', 'canceled') OR (state = 'dead' AND $3::float8 IS NOT NULL))
   AND finished_at < now() - LEAST($1::float8, COALESCE($3::float8, $1::float8)) * interval '1 millisecond'`;
 }
 
