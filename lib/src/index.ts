@@ -93,6 +93,7 @@ export {
   SqlQueueLeaseLostError,
   SqlQueueJobTimeoutError,
   SqlQueueCanceledError,
+  SqlQueueWaitTimeoutError,
   SqlQueueShutdownError,
   SqlQueueUnrecoverableError,
   SqlQueueSchemaError,

@@ -19,6 +19,8 @@ export function deadJobRecord(fields: Partial<JobRecord> & Pick<JobRecord, 'id' 
     lastError: 'boom',
     cancelRequestedAt: null,
     cancelReason: null,
+    result: null,
+    progress: null,
     ...fields,
   };
 }

@@ -1,4 +1,4 @@
-import { Controller, Inject, Injectable, Module, Scope } from '@nestjs/common';
+import { Controller, Inject, Injectable, Module, Scope, type INestApplicationContext } from '@nestjs/common';
 import pg from 'pg';
 import { describe, expect, it } from 'vitest';
 import {
@@ -10,11 +10,15 @@ import {
   SqlQueueShutdownError,
   SqlQueueUnrecoverableError,
   SqlQueueValidationError,
+  SqlQueueWaitTimeoutError,
   type JobContext,
+  type QueueJobHandler,
   type QueueEventListener,
   type SqlQueueModuleOptions,
 } from '../../lib/src/index.js';
+import { MAX_RESULT_BYTES } from '../../lib/src/core/types.js';
 import { PG_URL, sql } from '../helpers/databases.js';
+import { PgProxy } from '../helpers/pg-proxy.js';
 import { queueAppSuite } from '../helpers/queue-app.js';
 import { deferred, waitFor } from '../helpers/wait-for.js';
 
@@ -168,6 +172,99 @@ describe('SqlQueueModule: boot errors name the class and the problem', () => {
       module: { reaper: { enabled: false }, retention: { enabled: false } },
     });
     expect(ok.app.get(QueueProducer)).toBeDefined();
+  });
+});
+
+describe('SqlQueueModule: results and waitFor (issue 23)', () => {
+  it("stores a handler's return value with its completion; waitFor resolves with it; a result over the limit fails the job for good", async () => {
+    @QueueHandler('results', { maxAttempts: 3 })
+    class ResultHandler implements QueueJobHandler<{ n: number; big?: boolean }, { doubled: number; note?: string }> {
+      async handle(payload: { n: number; big?: boolean }) {
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        return payload.big ? { doubled: 0, note: 'x'.repeat(MAX_RESULT_BYTES) } : { doubled: payload.n * 2 };
+      }
+    }
+    const { app } = await boot({ schema, providers: [ResultHandler] });
+    const producer = app.get(QueueProducer);
+    const { jobId } = await producer.enqueue('results', { n: 21 });
+    const finished = await producer.waitFor(jobId, { timeoutMs: 10_000 });
+    expect(finished).toMatchObject({ id: jobId, state: 'done', result: { doubled: 42 } });
+    expect((await producer.getJob(jobId))!.result).toEqual({ doubled: 42 });
+
+    const { jobId: big } = await producer.enqueue('results', { n: 1, big: true });
+    const failed = await producer.waitFor(big, { timeoutMs: 10_000 });
+    expect(failed).toMatchObject({ state: 'dead', result: null, attempts: 1 });
+    expect(failed.lastError).toMatch(/over the limit of 1048576 \(MAX_RESULT_BYTES\)/);
+
+    await expect(producer.waitFor('999999999')).rejects.toThrow(/waitFor: no job 999999999/);
+    await expect(producer.waitFor(jobId, { timeout: 5 } as never)).rejects.toThrow(/unknown option 'timeout'/);
+  });
+
+  it('progress: visible in getJob() while the handler runs, written at most once a second, the last value by the completion; bad values refused', async () => {
+    const proxy = await PgProxy.start(PG_URL);
+    let running: INestApplicationContext | undefined;
+    try {
+      const refused: unknown[] = [];
+      @QueueHandler('progressing')
+      class ProgressHandler {
+        async handle(_payload: unknown, ctx: JobContext) {
+          for (const bad of [-1, 101, Number.NaN, 'half', null, { big: 'x'.repeat(5000) }]) {
+            try {
+              ctx.progress(bad as never);
+            } catch (error) {
+              refused.push(error);
+            }
+          }
+          for (let step = 1; step <= 300; step++) {
+            ctx.progress({ step, of: 300 });
+            await new Promise((resolve) => setTimeout(resolve, 7));
+          }
+          ctx.progress(100);
+        }
+      }
+      const { app } = await boot({
+        schema,
+        providers: [ProgressHandler],
+        module: { connection: { dialect: 'postgres', url: proxy.urlFor(PG_URL), poolSize: 6 } },
+      });
+      running = app;
+      const producer = app.get(QueueProducer);
+      const { jobId } = await producer.enqueue('progressing', {});
+      const from = Date.now();
+      const midway = await waitFor(
+        () => producer.getJob(jobId),
+        (job) => typeof (job?.progress as { step?: number } | null)?.step === 'number',
+        { what: 'a progress report visible before the completion', timeoutMs: 10_000 },
+      );
+      expect(midway!.state).toBe('leased');
+      const done = await producer.waitFor(jobId, { timeoutMs: 20_000 });
+      const tookMs = Date.now() - from;
+      expect(done).toMatchObject({ state: 'done', progress: 100 });
+      // 301 reports in about 2.5 s: one heartbeat a second at most (plus the lease's own).
+      const heartbeats = proxy.count('_heartbeat', from);
+      expect(heartbeats).toBeGreaterThanOrEqual(1);
+      expect(heartbeats).toBeLessThanOrEqual(Math.ceil(tookMs / 1_000) + 2);
+      expect(refused).toHaveLength(6);
+      expect(refused.every((e) => e instanceof SqlQueueValidationError)).toBe(true);
+      expect(String(refused[5])).toMatch(/over the limit of 4096/);
+    } finally {
+      // Closed here, before its proxy: the application's connections go through it.
+      if (running) {
+        forget(running);
+        await running.close();
+      }
+      await proxy.close();
+    }
+  });
+
+  it('waitFor gives up after timeoutMs with the job still waiting, naming its state', async () => {
+    const { app } = await boot({ schema, module: { consumer: { enabled: false } } });
+    const producer = app.get(QueueProducer);
+    const { jobId } = await producer.enqueue('results.nobody', { n: 1 });
+    const startedAt = Date.now();
+    await expect(producer.waitFor(jobId, { timeoutMs: 200 })).rejects.toThrow(SqlQueueWaitTimeoutError);
+    expect(Date.now() - startedAt).toBeGreaterThanOrEqual(190);
+    await expect(producer.waitFor(jobId, { timeoutMs: 50 })).rejects.toThrow(/is still ready after 50 ms/);
   });
 });
 

@@ -48,6 +48,7 @@ function jobContext(): JobContext & { signalReads: number } {
       return controller.signal;
     },
     extendLease: async () => undefined,
+    progress: () => undefined,
     get signalReads() {
       return reads;
     },

@@ -56,6 +56,9 @@ export class SqlQueueCanceledError extends SqlQueueError {
   }
 }
 
+/** `waitFor()` gave up: the job had not finished within its `timeoutMs` (it goes on running). */
+export class SqlQueueWaitTimeoutError extends SqlQueueError {}
+
 /** The application is shutting down; running handlers are asked to stop. */
 export class SqlQueueShutdownError extends SqlQueueError {
   constructor() {

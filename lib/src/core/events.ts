@@ -24,6 +24,8 @@ export interface QueueEventListener {
   }): void;
   readersChanged?(event: { queue: string; readers: number; reason: 'start' | 'activation' | 'retire' | 'stop' }): void;
   abandoned?(event: { queue: string; jobId: string }): void;
+  /** A handler reported progress (`context.progress()`); written to the database at most once a second. */
+  progress?(event: { queue: string; jobId: string; progress: unknown }): void;
   /** A job this process held was canceled (cancel()): its handler was aborted and the cancellation recorded. */
   canceled?(event: { queue: string; jobId: string; reason: string | null }): void;
   /**

@@ -3,6 +3,7 @@ import type {
   CancelResult,
   CleanupRequest,
   ClaimedJob,
+  CompleteItem,
   ClaimRequest,
   CompleteResult,
   DeadJobPage,
@@ -77,7 +78,8 @@ export interface QueueStore extends ScheduleStore {
   /** Extends leases, keeping tokens. */
   heartbeat(items: readonly HeartbeatItem[]): Promise<HeartbeatResult[]>;
 
-  complete(items: readonly OwnedJob[]): Promise<CompleteResult[]>;
+  /** Records completions, each with its handler's result (stored in the same statement). */
+  complete(items: readonly CompleteItem[]): Promise<CompleteResult[]>;
 
   /** Records failed attempts and schedules a retry, or moves jobs to dead. */
   fail(items: readonly FailItem[]): Promise<FailResult[]>;

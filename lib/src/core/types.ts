@@ -132,7 +132,24 @@ export interface OwnedJob {
   claimToken: string;
 }
 
+/**
+ * A completion: the job, its handler's result as JSON text, and its last progress not written
+ * yet (null or absent: none, or nothing new).
+ */
+export interface CompleteItem extends OwnedJob {
+  result?: string | null;
+  progress?: string | null;
+}
+
+/** The most a job's progress (`context.progress()`) may take as JSON text, in UTF-8 bytes. */
+export const MAX_PROGRESS_BYTES = 4 * 1024;
+
+/** The most a handler's result may take as JSON text, in UTF-8 bytes. */
+export const MAX_RESULT_BYTES = 1024 * 1024;
+
 export interface HeartbeatItem extends OwnedJob {
+  /** The job's progress reported since the last write, as JSON text; absent or null: unchanged. */
+  progress?: string | null;
   leaseMs: number;
   /** Upper bound on the lease, counted from the claim; null for none. */
   maxDurationMs: number | null;
@@ -298,6 +315,10 @@ export interface JobRecord {
   /** When `cancel()` was asked for this job (null: never); a leased job keeps running until its owner learns of it. */
   cancelRequestedAt: Date | null;
   cancelReason: string | null;
+  /** What the handler returned (parsed JSON), stored with the completion; null when it returned nothing. */
+  result: unknown;
+  /** The last progress its handler reported (`context.progress()`), as written; null when none. */
+  progress: unknown;
 }
 
 export interface DeadJobPage {
@@ -384,7 +405,7 @@ export const JOB_PREVIEW_CHARS = 200;
 /** A job as listed: its record without the payload, last error and token, with short previews. */
 export interface JobSummary extends Omit<
   JobRecord,
-  'payload' | 'claimToken' | 'lastError' | 'cancelRequestedAt' | 'cancelReason'
+  'payload' | 'claimToken' | 'lastError' | 'cancelRequestedAt' | 'cancelReason' | 'result' | 'progress'
 > {
   /** The first `JOB_PREVIEW_CHARS` characters of the payload's JSON text. */
   payloadPreview: string;

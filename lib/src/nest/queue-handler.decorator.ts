@@ -14,8 +14,12 @@ export interface QueueHandlerMetadata {
 }
 
 /** What a `@QueueHandler` class of a table queue implements. */
-export interface QueueJobHandler<T = unknown> {
-  handle(payload: T, context: JobContext): Promise<void>;
+export interface QueueJobHandler<T = unknown, R = void> {
+  /**
+   * Runs the job. What it resolves with is stored as the job's result (JSON, at most 1 MiB as
+   * text: see `getJob()` and `waitFor()`); resolve with nothing for none.
+   */
+  handle(payload: T, context: JobContext): Promise<R>;
 }
 
 /**

@@ -143,6 +143,16 @@ export class QueueProducer {
     return this.runtime.producer.cancelByKey(queue, idempotencyKey, options);
   }
 
+  /**
+   * Waits until a job is finished (done, dead or canceled) and resolves with its record; `result`
+   * is what its handler returned. Polls getJob() (25 ms doubling to 1 s); rejects with
+   * SqlQueueWaitTimeoutError after `timeoutMs` (default 30 s). The request/response pattern:
+   * `const { jobId } = await producer.enqueue(…); const job = await producer.waitFor(jobId);`
+   */
+  waitFor(jobId: JobId, options?: { timeoutMs?: number }): Promise<JobRecord> {
+    return this.runtime.producer.waitFor(jobId, options);
+  }
+
   /** Every paused queue, with its reason and when it was paused, by name. */
   listPausedQueues(): Promise<QueuePause[]> {
     return this.runtime.producer.listPausedQueues();

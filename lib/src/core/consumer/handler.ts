@@ -27,7 +27,17 @@ export interface JobContext {
    * SqlQueueLeaseLostError if the job is no longer this worker's.
    */
   extendLease(ms?: number): Promise<void>;
+  /**
+   * Reports how far the job is: a number from 0 to 100, or a small JSON object or array (at most
+   * 4 KiB as text). Returns at once: the value is written with the job's heartbeats, at most once
+   * a second, the last one always by the completion; `getJob()` and the dashboard show it.
+   * Throws SqlQueueValidationError for any other value.
+   */
+  progress(value: number | object): void;
 }
 
-/** A job handler as the engine sees it; the Nest layer adapts `@QueueHandler` classes to it. */
-export type JobHandler = (payload: unknown, context: JobContext) => Promise<void>;
+/**
+ * A job handler as the engine sees it; the Nest layer adapts `@QueueHandler` classes to it. What
+ * it resolves with (a JSON value; undefined for none) is stored as the job's result.
+ */
+export type JobHandler = (payload: unknown, context: JobContext) => Promise<unknown>;

@@ -23,6 +23,8 @@ export interface HeldJob {
   timedOut: boolean;
   /** cancel() reached it (a heartbeat said so): its cancellation is recorded, its handler aborted. */
   canceled: boolean;
+  /** The last progress its handler reported that is not written yet (JSON text), or null. */
+  pendingProgress: string | null;
   shutdownAborted: boolean;
   /**
    * The rest of an ordered group's batch (same claim token), run after this job, in order, by
@@ -95,6 +97,7 @@ export class HeldJobs {
       lost: false,
       timedOut: false,
       canceled: false,
+      pendingProgress: null,
       shutdownAborted: false,
       followers: [],
       recorded: null,

@@ -13,6 +13,8 @@ interface Pending {
   giveUpAt: number;
   /** Sent before, and the statement failed: its reply may have been lost after it committed. */
   retried?: boolean;
+  /** A completion's result, as JSON text. */
+  result?: string | null;
 }
 
 interface PendingFailure extends Pending {
@@ -65,8 +67,9 @@ export class JobAcker {
     );
   }
 
-  complete(held: HeldJob): void {
-    this.completes.push({ held, giveUpAt: this.giveUpAt() });
+  /** `result`: the handler's return value as JSON text, stored with the completion (null: none). */
+  complete(held: HeldJob, result: string | null = null): void {
+    this.completes.push({ held, giveUpAt: this.giveUpAt(), result });
     this.schedule();
   }
 
@@ -182,7 +185,15 @@ export class JobAcker {
   private async flushCompletes(items: Pending[]): Promise<boolean> {
     if (items.length === 0) return true;
     const results = await this.send(items, this.completes, 'recording completions', () =>
-      this.deps.store.complete(owned(items)),
+      this.deps.store.complete(
+        // A progress report not written by a heartbeat yet goes with the completion: the last one is never lost.
+        items.map(({ held, result }) => ({
+          id: held.job.id,
+          claimToken: held.job.claimToken,
+          result: result ?? null,
+          progress: held.pendingProgress,
+        })),
+      ),
     );
     if (!results) return false;
     const outcomes = new Map(results.map((r) => [r.id, r.outcome]));

@@ -8,6 +8,7 @@ import type { JobContext, JobHandler } from './handler.js';
 import { signalOf, type HeldJob, type HeldJobs } from './held-jobs.js';
 import type { AckerDeps, JobAcker } from './job-acker.js';
 import type { LeaseKeeper } from './lease-keeper.js';
+import { MAX_RESULT_BYTES } from '../types.js';
 
 /** How long after aborting a handler the reader keeps waiting for it before moving on. */
 const ABANDON_GRACE_MS = 5_000;
@@ -115,6 +116,7 @@ export class JobRunner {
         return signalOf(held);
       },
       extendLease: (ms) => this.leases.extend(held, ms),
+      progress: (value) => this.leases.reportProgress(held, value),
     };
     const execution = this.execute(held, context);
     this.jobs.running.set(held, execution);
@@ -133,7 +135,7 @@ export class JobRunner {
     const handled = Promise.resolve()
       .then(() => this.tracer.process(job, () => this.handler(job.payload, context)))
       .then(
-        () => ({ ok: true }) as const,
+        (value: unknown) => resultOf(job.queue, job.id, value),
         (error: unknown) => ({ ok: false, error }) as const,
       );
     // Race the handler against abandonment, which only starts once the job is aborted: a
@@ -169,7 +171,7 @@ export class JobRunner {
     // of its handler changes nothing (the token is void once the cancellation is recorded).
     if (held.canceled) return 'ended';
     if (outcome.ok) {
-      this.acker.complete(held);
+      this.acker.complete(held, outcome.result);
       return held.lost ? 'ended' : 'completed';
     }
     if (held.timedOut) return 'ended'; // the timeout was already recorded as this attempt's failure (and forgotten)
@@ -183,6 +185,48 @@ export class JobRunner {
     this.acker.fail(held, error, dead ? 0 : this.options.retryDelay(job.attempt, error), dead);
     return 'ended';
   }
+}
+
+/**
+ * A handler's return value as the JSON text stored with its completion (null for none). One
+ * that is not JSON, or longer than MAX_RESULT_BYTES, fails the job for good (it would be the same
+ * next time), with an error naming the limit: the result is refused, never silently dropped.
+ */
+function resultOf(
+  queue: string,
+  jobId: string,
+  value: unknown,
+): { ok: true; result: string | null } | { ok: false; error: unknown } {
+  if (value === undefined || value === null) return { ok: true, result: null };
+  let text: string | undefined;
+  try {
+    text = JSON.stringify(value);
+  } catch (error) {
+    return {
+      ok: false,
+      error: new SqlQueueUnrecoverableError(
+        `job ${jobId} in queue '${queue}': its result is not JSON: ${describeReason(error)}`,
+      ),
+    };
+  }
+  if (text === undefined) {
+    return {
+      ok: false,
+      error: new SqlQueueUnrecoverableError(
+        `job ${jobId} in queue '${queue}': its result (a ${typeof value}) is not JSON`,
+      ),
+    };
+  }
+  const bytes = Buffer.byteLength(text, 'utf8');
+  if (bytes > MAX_RESULT_BYTES) {
+    return {
+      ok: false,
+      error: new SqlQueueUnrecoverableError(
+        `job ${jobId} in queue '${queue}': its result is ${bytes} bytes of JSON, over the limit of ${MAX_RESULT_BYTES} (MAX_RESULT_BYTES); store large output elsewhere and return a reference`,
+      ),
+    };
+  }
+  return { ok: true, result: text };
 }
 
 function describeReason(reason: unknown): string {

@@ -8,10 +8,41 @@ import { safeEmit } from '../events.js';
 import { ThrottledErrorLog } from '../logger.js';
 import type { ResolvedQueueOptions } from '../options.js';
 import { withTimeout } from '../timeout.js';
-import type { HeartbeatResult } from '../types.js';
+import { MAX_PROGRESS_BYTES, type HeartbeatResult } from '../types.js';
 import { INT_MAX } from '../validation.js';
 import type { AckerDeps, JobAcker } from './job-acker.js';
 import { abortJob, type HeldJob, type HeldJobs } from './held-jobs.js';
+
+/** Progress reports of one queue's jobs are written at most this often (with a heartbeat). */
+const PROGRESS_INTERVAL_MS = 1_000;
+
+/**
+ * A progress value as the JSON text stored: a finite number from 0 to 100, or a plain object or
+ * array of at most MAX_PROGRESS_BYTES as JSON text.
+ */
+function progressText(queue: string, jobId: string, value: unknown): string {
+  const where = `job ${jobId} in queue '${queue}': progress(value)`;
+  if (typeof value === 'number') {
+    if (!Number.isFinite(value) || value < 0 || value > 100) {
+      throw new SqlQueueValidationError(`${where} takes a number from 0 to 100 or a JSON object, got ${String(value)}`);
+    }
+    return JSON.stringify(value);
+  }
+  if (value === null || typeof value !== 'object') {
+    throw new SqlQueueValidationError(`${where} takes a number from 0 to 100 or a JSON object, got ${typeof value}`);
+  }
+  let text: string;
+  try {
+    text = JSON.stringify(value);
+  } catch (error) {
+    throw new SqlQueueValidationError(`${where}: the value is not JSON (${(error as Error).message})`);
+  }
+  const bytes = Buffer.byteLength(text, 'utf8');
+  if (bytes > MAX_PROGRESS_BYTES) {
+    throw new SqlQueueValidationError(`${where}: ${bytes} bytes of JSON, over the limit of ${MAX_PROGRESS_BYTES}`);
+  }
+  return text;
+}
 
 /**
  * Keeps the leases of the jobs this process holds: one batch heartbeat per tick for the leases a
@@ -22,6 +53,9 @@ import { abortJob, type HeldJob, type HeldJobs } from './held-jobs.js';
 export class LeaseKeeper {
   private readonly errors: ThrottledErrorLog;
   private heartbeatRunning = false;
+  /** A progress write is waiting for its turn (at most one a second per queue, for every job in it). */
+  private progressScheduled = false;
+  private lastProgressWriteAt = -Infinity;
 
   constructor(
     private readonly deps: AckerDeps,
@@ -48,6 +82,7 @@ export class LeaseKeeper {
    */
   async renew(now: number): Promise<void> {
     const due: HeldJob[] = [];
+    const progressDue = now - this.lastProgressWriteAt >= PROGRESS_INTERVAL_MS;
     for (const held of this.jobs.values()) {
       if (held.lost || held.timedOut) continue;
       const maxDuration = this.options.maxDurationMs;
@@ -63,12 +98,15 @@ export class LeaseKeeper {
         );
         if (this.dropBuffered(held)) continue;
       }
-      if (now - held.renewedAtLocal >= held.leaseMs / 3) due.push(held);
+      if (now - held.renewedAtLocal >= held.leaseMs / 3 || (progressDue && held.pendingProgress !== null))
+        due.push(held);
     }
     if (this.heartbeatRunning || due.length === 0) return;
     this.heartbeatRunning = true;
     try {
       const requestedAt = this.deps.clock.now();
+      const sentProgress = new Map(due.map((held) => [held, held.pendingProgress]));
+      if (due.some((held) => held.pendingProgress !== null)) this.lastProgressWriteAt = requestedAt;
       const results = await this.boundedHeartbeat(due);
       this.errors.succeeded();
       const byId = new Map(results.map((r) => [r.id, r]));
@@ -77,6 +115,8 @@ export class LeaseKeeper {
         if (result?.outcome === 'ok') {
           held.renewedAtLocal = requestedAt;
           held.localLeaseUntil = requestedAt + held.leaseMs;
+          // Written, unless the handler reported again while it was on its way.
+          if (held.pendingProgress === sentProgress.get(held)) held.pendingProgress = null;
           if (result.cancel) this.cancel(held, result.cancel.reason);
         } else if (
           !held.canceled &&
@@ -124,6 +164,27 @@ export class LeaseKeeper {
   }
 
   /**
+   * `context.progress(value)`: validated and kept; the next heartbeat writes it, and one is sent
+   * for it no sooner than PROGRESS_INTERVAL_MS after the last progress write (so a handler that
+   * reports a thousand times a second costs one statement a second); the completion writes the
+   * last report a heartbeat did not. Never waits: the handler goes on at once.
+   */
+  reportProgress(held: HeldJob, value: unknown): void {
+    held.pendingProgress = progressText(held.job.queue, held.job.id, value);
+    safeEmit(this.deps.listeners, 'progress', { queue: held.job.queue, jobId: held.job.id, progress: value });
+    if (this.progressScheduled) return;
+    this.progressScheduled = true;
+    const waitMs = Math.max(0, this.lastProgressWriteAt + PROGRESS_INTERVAL_MS - this.deps.clock.now());
+    void this.deps.clock
+      .sleep(waitMs)
+      .then(() => {
+        this.progressScheduled = false;
+        return this.renew(this.deps.clock.now());
+      })
+      .catch(() => undefined);
+  }
+
+  /**
    * A wake-up said a job of this queue may have been canceled (cancel() in some process): the
    * next renew() heartbeats every held job at once, instead of when its lease is a third used.
    */
@@ -140,6 +201,7 @@ export class LeaseKeeper {
           claimToken: held.job.claimToken,
           leaseMs: held.leaseMs,
           maxDurationMs: this.options.maxDurationMs,
+          progress: held.pendingProgress,
         })),
       ),
       Math.max(1_000, Math.floor(this.options.leaseMs / 3)),

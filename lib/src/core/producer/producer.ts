@@ -1,5 +1,5 @@
 import { EnqueueBatcher, type EnqueueBatchingSettings } from './enqueue-batcher.js';
-import { SqlQueueValidationError } from '../errors.js';
+import { SqlQueueValidationError, SqlQueueWaitTimeoutError } from '../errors.js';
 import type { QueueStore } from '../queue-store.js';
 import { NO_TRACING, type QueueTracer } from '../tracing.js';
 import type {
@@ -26,6 +26,9 @@ import {
 } from '../validation.js';
 import { ENQUEUE_OPTION_KEYS, prepareJob, withTraceContext } from './job-validation.js';
 import { cancelWakeName, type RemoteWaker, type WakeBus } from '../wake.js';
+
+/** The states a job ends in. */
+const FINISHED: ReadonlySet<JobRecord['state']> = new Set(['done', 'dead', 'canceled']);
 
 /** Most job ids one cancelMany takes (one statement). */
 const MAX_CANCEL_IDS = 1_000;
@@ -267,6 +270,34 @@ export class QueueProducerCore {
     assertOptionGroup('cancel options', options, ['reason'], SqlQueueValidationError);
     const id = await this.store.findJobByKey(queue, key);
     return id === null ? null : this.cancel(id, options);
+  }
+
+  /**
+   * Waits until a job is finished (done, dead or canceled) and resolves with its record, whose
+   * `result` is what the handler returned. Polls getJob() (one primary-key read), 25 ms doubling
+   * to 1 s; rejects with SqlQueueWaitTimeoutError after `timeoutMs` (default 30 s), and with a
+   * SqlQueueValidationError when the job does not exist.
+   */
+  async waitFor(jobId: JobId, options: { timeoutMs?: number } = {}): Promise<JobRecord> {
+    const id = assertJobId(jobId);
+    const { timeoutMs } = assertOptionGroup('waitFor options', options, ['timeoutMs'], SqlQueueValidationError);
+    const limitMs = assertInteger('waitFor timeoutMs', timeoutMs ?? 30_000, 1, MAX_AGE_MS, SqlQueueValidationError);
+    const deadline = Date.now() + limitMs;
+    for (let pauseMs = 25; ; pauseMs = Math.min(pauseMs * 2, 1_000)) {
+      const job = await this.store.getJob(id);
+      if (job === null)
+        throw new SqlQueueValidationError(
+          `waitFor: no job ${id} (it never existed, or it finished and was cleaned up)`,
+        );
+      if (FINISHED.has(job.state)) return job;
+      const left = deadline - Date.now();
+      if (left <= 0) {
+        throw new SqlQueueWaitTimeoutError(
+          `waitFor: job ${id} in queue '${job.queue}' is still ${job.state} after ${limitMs} ms`,
+        );
+      }
+      await new Promise((resolve) => setTimeout(resolve, Math.min(pauseMs, left)));
+    }
   }
 
   /** Every paused queue, with its reason and when it was paused. */

@@ -1260,6 +1260,20 @@ class JobView extends View {
           field('Worker', text(job.workerId, true), 'workerId'),
           field('Group', text(job.groupKey, true), 'groupKey'),
           field('Idempotency key', text(job.idempotencyKey, true), 'idempotencyKey'),
+          job.progress === null || job.progress === undefined
+            ? null
+            : field(
+                'Progress',
+                typeof job.progress === 'number' ? `${job.progress}%` : text(JSON.stringify(job.progress), true),
+                'progress',
+              ),
+          job.cancelRequestedAt
+            ? field(
+                'Cancel asked',
+                h('span', null, timeCell(job.cancelRequestedAt), ' ', text(job.cancelReason)),
+                'cancel',
+              )
+            : null,
         ),
       ),
       h(
@@ -1270,6 +1284,13 @@ class JobView extends View {
           { class: 'panel payload-panel' },
           h('pre', { class: 'code', testid: 'job-payload' }, prettyJson(job.payload)),
         ),
+        job.result === null || job.result === undefined
+          ? null
+          : panel(
+              'Result',
+              { class: 'panel payload-panel' },
+              h('pre', { class: 'code', testid: 'job-result' }, prettyJson(job.result)),
+            ),
         job.lastError
           ? panel(
               'Last error',

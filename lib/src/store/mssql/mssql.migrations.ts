@@ -600,6 +600,35 @@ END;`,
       ];
     },
   },
+  {
+    version: 14,
+    description: 'job results and progress',
+    // A handler's return value, written by the completion statement, and its last reported
+    // progress, written by heartbeats and the completion (issue 23): nullable nvarchar(max)
+    // columns (metadata changes; off-row past 8,000 bytes). A table type cannot be altered, so
+    // CompletionList carries each completion's result and progress, and HeartbeatListV2 the
+    // progress beside each lease; OwnedJobList and HeartbeatList stay, for the other statements
+    // and for instances of the previous release during a rolling upgrade.
+    batches: (schema) => {
+      const s = quoteMssqlIdentifier(schema);
+      return [
+        `ALTER TABLE ${s}.[Jobs] ADD [Result] nvarchar(max) NULL, [Progress] nvarchar(max) NULL;`,
+        `CREATE TYPE ${s}.[CompletionList] AS TABLE (
+  [Id] bigint NOT NULL PRIMARY KEY,
+  [Token] uniqueidentifier NOT NULL,
+  [Result] nvarchar(max) NULL,
+  [Progress] nvarchar(max) NULL
+);`,
+        `CREATE TYPE ${s}.[HeartbeatListV2] AS TABLE (
+  [Id] bigint NOT NULL PRIMARY KEY,
+  [Token] uniqueidentifier NOT NULL,
+  [LeaseMs] int NOT NULL,
+  [MaxMs] int NULL,
+  [Progress] nvarchar(max) NULL
+);`,
+      ];
+    },
+  },
 ];
 
 export const MSSQL_LATEST_VERSION = MSSQL_MIGRATIONS[MSSQL_MIGRATIONS.length - 1]!.version;

@@ -19,6 +19,7 @@ import type {
   CancelResult,
   CleanupRequest,
   ClaimedJob,
+  CompleteItem,
   ClaimRequest,
   CompleteResult,
   DeadJobPage,
@@ -323,12 +324,14 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
     table.columns.add('Token', sql.UniqueIdentifier, { nullable: false });
     table.columns.add('LeaseMs', sql.Int, { nullable: false });
     table.columns.add('MaxMs', sql.Int, { nullable: true });
+    table.columns.add('Progress', sql.NVarChar(sql.MAX), { nullable: true });
     for (const item of uniqueById(items)) {
       table.rows.add(
         item.id,
         item.claimToken,
         Math.min(item.leaseMs, INT_MAX),
         item.maxDurationMs === null ? null : Math.min(item.maxDurationMs, INT_MAX),
+        item.progress ?? null,
       );
     }
     const rows = await this.run<{ Id: string; LeaseUntil: Date | null; Cancel: boolean; CancelReason: string | null }>(
@@ -343,11 +346,17 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
     }));
   }
 
-  async complete(items: readonly OwnedJob[]): Promise<CompleteResult[]> {
+  async complete(items: readonly CompleteItem[]): Promise<CompleteResult[]> {
     if (items.length === 0) return [];
-    const rows = await this.run<{ Id: string; Outcome: OwnershipOutcome }>('complete', (r) =>
-      r.input('items', this.ownedTable(items)),
-    );
+    const table = new sql.Table(`${this.schema}.${MSSQL_TABLE_TYPES.completion}`);
+    table.columns.add('Id', sql.BigInt, { nullable: false });
+    table.columns.add('Token', sql.UniqueIdentifier, { nullable: false });
+    table.columns.add('Result', sql.NVarChar(sql.MAX), { nullable: true });
+    table.columns.add('Progress', sql.NVarChar(sql.MAX), { nullable: true });
+    for (const item of uniqueById(items)) {
+      table.rows.add(item.id, item.claimToken, item.result ?? null, item.progress ?? null);
+    }
+    const rows = await this.run<{ Id: string; Outcome: OwnershipOutcome }>('complete', (r) => r.input('items', table));
     return rows.map((row) => ({ id: row.Id, outcome: row.Outcome }));
   }
 
@@ -979,6 +988,8 @@ function toJobRecord(row: Row): JobRecord {
     lastError: (row.LastError as string | null) ?? null,
     cancelRequestedAt: (row.CancelRequestedAt as Date | null) ?? null,
     cancelReason: (row.CancelReason as string | null) ?? null,
+    result: row.Result === null || row.Result === undefined ? null : JSON.parse(row.Result as string),
+    progress: row.Progress === null || row.Progress === undefined ? null : JSON.parse(row.Progress as string),
   };
 }
 

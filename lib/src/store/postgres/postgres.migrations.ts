@@ -258,6 +258,16 @@ ORDER BY queue, group_key, id`,
       ];
     },
   },
+  {
+    version: 10,
+    description: 'job results and progress',
+    // A handler's return value, written by the completion statement, and its last reported
+    // progress, written by heartbeats and the completion (issue 23). Nullable columns without a
+    // default: catalog changes only.
+    statements: (schema) => [
+      `ALTER TABLE ${quotePgIdentifier(schema)}.jobs ADD COLUMN result jsonb NULL, ADD COLUMN progress jsonb NULL`,
+    ],
+  },
 ];
 
 export const PG_LATEST_VERSION = PG_MIGRATIONS[PG_MIGRATIONS.length - 1]!.version;

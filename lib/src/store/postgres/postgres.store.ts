@@ -18,6 +18,7 @@ import type {
   CancelResult,
   CleanupRequest,
   ClaimedJob,
+  CompleteItem,
   ClaimRequest,
   CompleteResult,
   DeadJobPage,
@@ -306,6 +307,7 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
           token: item.claimToken,
           lease_ms: item.leaseMs,
           max_ms: item.maxDurationMs,
+          progress: item.progress ?? null,
         })),
       ),
     ]);
@@ -317,10 +319,17 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
     }));
   }
 
-  async complete(items: readonly OwnedJob[]): Promise<CompleteResult[]> {
+  async complete(items: readonly CompleteItem[]): Promise<CompleteResult[]> {
     if (items.length === 0) return [];
     const rows = await this.run<{ id: string; outcome: OwnershipOutcome } & Emptied>(null, 'complete', [
-      ownedJson(items),
+      JSON.stringify(
+        items.map((item) => ({
+          id: item.id,
+          token: item.claimToken,
+          result: item.result ?? null,
+          progress: item.progress ?? null,
+        })),
+      ),
     ]);
     this.settle(rows[0]?.emptied_groups);
     return rows.map((row) => ({ id: row.id, outcome: row.outcome }));
@@ -1032,6 +1041,8 @@ function toJobRecord(row: Row): JobRecord {
     lastError: (row.last_error as string | null) ?? null,
     cancelRequestedAt: (row.cancel_requested_at as Date | null) ?? null,
     cancelReason: (row.cancel_reason as string | null) ?? null,
+    result: row.result ?? null,
+    progress: row.progress ?? null,
   };
 }
 

@@ -242,7 +242,8 @@ FROM @claimed
 ORDER BY [UnitPriority] DESC, [UnitAt], [UnitId], [Id];`;
 }
 
-// @items HeartbeatList. The lease never runs past ClaimedAt + MaxMs; once that cap has passed
+// @items HeartbeatListV2 (Progress: JSON text reported since the last write, or NULL: unchanged).
+// The lease never runs past ClaimedAt + MaxMs; once that cap has passed
 // the lease cannot be renewed, and the answer is no lease (lost), not 'ok'. A job cancel()
 // marked comes back with its cancel request, its lease still renewed (fenced while its owner
 // records the cancellation).
@@ -252,7 +253,8 @@ export function heartbeat(t: MssqlTables): string {
   [Id] bigint NOT NULL PRIMARY KEY, [LeaseUntil] datetime2(3) NOT NULL, [CancelRequestedAt] datetime2(3) NULL,
   [CancelReason] nvarchar(1000) NULL);
 UPDATE j
-SET [LeaseUntil] = CASE
+SET [Progress] = ISNULL(i.[Progress], j.[Progress]),
+    [LeaseUntil] = CASE
     WHEN i.[MaxMs] IS NULL OR DATEADD(millisecond, i.[LeaseMs], SYSUTCDATETIME()) < DATEADD(millisecond, i.[MaxMs], j.[ClaimedAt])
       THEN DATEADD(millisecond, i.[LeaseMs], SYSUTCDATETIME())
     ELSE DATEADD(millisecond, i.[MaxMs], j.[ClaimedAt]) END
@@ -266,14 +268,16 @@ SELECT CAST(i.[Id] AS varchar(20)) AS [Id], CASE WHEN e.[LeaseUntil] > SYSUTCDAT
 FROM @items AS i LEFT JOIN @extended AS e ON e.[Id] = i.[Id];`;
 }
 
-// @items OwnedJobList. The token stays on the done row, so a retried completion whose first
-// reply was lost is recognised ('already') instead of reported as lost. A grouped job's group
+// @items CompletionList (each job with its handler's result as JSON text, or NULL). The token
+// stays on the done row, so a retried completion whose first reply was lost is recognised
+// ('already') instead of reported as lost. A grouped job's group
 // is settled in the same transaction (settleGroups): released once no job of its batch is
 // leased any more, headed by its next job.
 export function complete(t: MssqlTables): string {
   const { jobs, groups } = t;
   return `${MSSQL_STORE_SESSION}${movedJobsTable('@completed')}${TOUCHED_GROUPS}${atomically(`  UPDATE j
-  SET [State] = 'done', [FinishedAt] = SYSUTCDATETIME(), [LeaseUntil] = NULL
+  SET [State] = 'done', [FinishedAt] = SYSUTCDATETIME(), [LeaseUntil] = NULL, [Result] = i.[Result],
+      [Progress] = ISNULL(i.[Progress], j.[Progress])
   OUTPUT inserted.[Id], inserted.[Queue], inserted.[GroupKey], inserted.[ClaimToken]
   INTO @completed ([Id], [Queue], [GroupKey], [Token])
   FROM ${jobs} AS j WITH (ROWLOCK)

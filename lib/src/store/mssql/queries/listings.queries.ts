@@ -119,7 +119,7 @@ ${listedJobs(jobs, 'dead')}`;
 
 const JOB_COLUMNS = `CAST([Id] AS varchar(20)) AS [Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey],
   [IdempotencyKey], [Attempts], [MaxAttempts], CAST([ClaimToken] AS char(36)) AS [ClaimToken], [LeaseUntil], [WorkerId],
-  [CreatedAt], [ClaimedAt], [FinishedAt], [LastError], [CancelRequestedAt], [CancelReason]`;
+  [CreatedAt], [ClaimedAt], [FinishedAt], [LastError], [CancelRequestedAt], [CancelReason], [Result], [Progress]`;
 
 /** The filters of the indexes the listings read, literally (see CLAIMABLE_GROUP). */
 export const READY_UNGROUPED = "[State] = 'ready' AND [GroupKey] IS NULL";

@@ -34,7 +34,8 @@ export function mssqlTables(schema: string): MssqlTables {
 export const MSSQL_TABLE_TYPES = {
   jobInput: 'JobInputListV3',
   owned: 'OwnedJobList',
-  heartbeat: 'HeartbeatList',
+  completion: 'CompletionList',
+  heartbeat: 'HeartbeatListV2',
   failure: 'FailureList',
   ids: 'IdList',
   scheduleUpsert: 'ScheduleUpsertList',

@@ -149,17 +149,19 @@ SELECT id::text AS id, payload, priority, group_key, idempotency_key, attempts, 
 FROM updated WHERE lease`;
 }
 
-// $1 jsonb [{id, token, lease_ms, max_ms}]; the lease never runs past claimed_at + max_ms. Once
+// $1 jsonb [{id, token, lease_ms, max_ms, progress}] (progress: JSON text reported since the last
+// write, or null: unchanged); the lease never runs past claimed_at + max_ms. Once
 // that cap has passed the lease cannot be renewed: the answer is no lease (lost), not 'ok'. A job
 // cancel() marked comes back with its cancel request: the lease is still renewed, so the job
 // stays fenced while its owner records the cancellation.
 export function heartbeat(t: PgTables): string {
   const { jobs } = t;
   return `WITH input AS (
-  SELECT * FROM jsonb_to_recordset($1::jsonb) AS i(id bigint, token uuid, lease_ms float8, max_ms float8)
+  SELECT * FROM jsonb_to_recordset($1::jsonb) AS i(id bigint, token uuid, lease_ms float8, max_ms float8, progress text)
 ), extended AS (
   UPDATE ${jobs} AS j
-  SET lease_until = CASE
+  SET progress = COALESCE(i.progress::jsonb, j.progress),
+      lease_until = CASE
     WHEN i.max_ms IS NULL THEN now() + i.lease_ms * interval '1 millisecond'
     ELSE LEAST(now() + i.lease_ms * interval '1 millisecond', j.claimed_at + i.max_ms * interval '1 millisecond')
   END
@@ -172,15 +174,18 @@ SELECT input.id::text AS id, CASE WHEN extended.lease_until > now() THEN extende
 FROM input LEFT JOIN extended ON extended.id = input.id`;
 }
 
-// $1 jsonb [{id, token}]. The token stays on the done row, so a retried completion whose
-// first reply was lost is recognised ('already') instead of reported as lost.
+// $1 jsonb [{id, token, result, progress}] (result: the handler's return value as JSON text, or
+// null; progress: its last report not written yet, or null). The
+// token stays on the done row, so a retried completion whose first reply was lost is recognised
+// ('already') instead of reported as lost.
 export function complete(t: PgTables): string {
   const { jobs } = t;
   return `WITH input AS (
-  SELECT * FROM jsonb_to_recordset($1::jsonb) AS i(id bigint, token uuid)
+  SELECT * FROM jsonb_to_recordset($1::jsonb) AS i(id bigint, token uuid, result text, progress text)
 ), completed AS (
   UPDATE ${jobs} AS j
-  SET state = 'done', finished_at = now(), lease_until = NULL
+  SET state = 'done', finished_at = now(), lease_until = NULL, result = i.result::jsonb,
+      progress = COALESCE(i.progress::jsonb, j.progress)
   FROM input i
   WHERE j.id = i.id AND j.claim_token = i.token AND j.state = 'leased'
   RETURNING j.id, j.queue, j.group_key, i.token, j.state, j.run_at, j.priority, false AS block

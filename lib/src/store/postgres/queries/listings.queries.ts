@@ -129,7 +129,7 @@ ORDER BY p.id DESC`;
 
 const JOB_COLUMNS = `id::text AS id, queue, state, payload, priority, run_at, group_key, idempotency_key,
   attempts, max_attempts, claim_token::text AS claim_token, lease_until, worker_id, created_at,
-  claimed_at, finished_at, last_error, cancel_requested_at, cancel_reason`;
+  claimed_at, finished_at, last_error, cancel_requested_at, cancel_reason, result, progress`;
 
 /** A time as UTC ISO 8601 text to the microsecond (a listing cursor's position; a Date keeps ms). */
 const utcText = (column: string) => `to_char(${column} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`;
