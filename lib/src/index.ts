@@ -37,6 +37,7 @@ export type {
   SqlQueueScheduleTicks,
 } from './nest/sql-queue.metrics.js';
 export { DEFAULT_LATENCY_BUCKETS_SECONDS } from './core/metrics/index.js';
+export { MAX_PROGRESS_BYTES, MAX_RESULT_BYTES } from './core/types.js';
 export type {
   BrokerEventFigures,
   HistogramSnapshot,

@@ -440,8 +440,10 @@ describe.skipIf(!browserTestsEnabled)('dashboard page in Chromium', () => {
     await untilState(jobId, 'dead');
 
     await show(`#/jobs/${jobId}`);
-    await waitForTestIdText(page, 'job-state', (t) => t === 'dead');
-    expect(await testIdText(page, 'job-field-idempotencyKey')).toBe(`key ${hostile}`);
+    // Waits for this job's page: the page shown before may be another dead job's, whose state
+    // reads 'dead' too until the new one is rendered.
+    await waitForTestIdText(page, 'job-field-idempotencyKey', (t) => t === `key ${hostile}`);
+    expect(await testIdText(page, 'job-state')).toBe('dead');
     expect(await testIdText(page, 'job-field-groupKey')).toBe(`group ${hostile}`);
     expect(await testIdText(page, 'attempt-error-1')).toBe(`rejected ${hostile}`);
     expect(await testIdText(page, 'job-last-error')).toBe(`rejected ${hostile}`);

@@ -712,10 +712,19 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
       for (const [queue, keys] of keysByQueue(batch)) {
         let held: string[] = keys;
         try {
-          const rows = await this.driver.query<{ key: string; locked: boolean }>(this.sql.settleLock, [queue, keys]);
-          const locked = rows.rows.filter((row) => row.locked).map((row) => row.key);
-          if (locked.length > 0) await this.driver.query(this.sql.settleApply, [queue, locked]);
-          held = rows.rows.filter((row) => !row.locked).map((row) => row.key);
+          // One transaction: settleLock's row locks must last through settleApply. In autocommit
+          // they ended with the first statement, and a producer that inserted a job, then touched
+          // the group (FOR KEY SHARE) between the two and committed while settleApply's DELETE
+          // waited for that lock, lost its group: the DELETE re-checks the group row, not its
+          // subquery's older snapshot of jobs. Held, the locks make such a producer's touch wait,
+          // find the row gone, and create it again.
+          const rows = await this.driver.transaction(async (client) => {
+            const lock = await client.query<{ key: string; locked: boolean }>(this.sql.settleLock, [queue, keys]);
+            const locked = lock.rows.filter((row) => row.locked).map((row) => row.key);
+            if (locked.length > 0) await client.query(this.sql.settleApply, [queue, locked]);
+            return lock.rows;
+          });
+          held = rows.filter((row) => !row.locked).map((row) => row.key);
         } catch {
           // All of them are tried again later.
         }
