@@ -210,6 +210,7 @@ import {
   SqlQueueModule,
   type JobContext,
   type QueueJobHandler,
+  type CancelResult,
   type QueuePause,
   type SqlQueueConnection,
   type SqlQueueModuleOptions,
@@ -229,9 +230,11 @@ interface Ping {
 
 @Injectable()
 @QueueHandler('ping', { maxAttempts: 3 })
-export class PingHandler implements QueueJobHandler<Ping> {
-  async handle(payload: Ping, context: JobContext): Promise<void> {
+export class PingHandler implements QueueJobHandler<Ping, { pong: number }> {
+  async handle(payload: Ping, context: JobContext): Promise<{ pong: number }> {
     console.log(payload.at, context.jobId, context.attempt);
+    context.progress(100);
+    return { pong: payload.at };
   }
 }
 
@@ -249,6 +252,15 @@ export class PingService {
     } finally {
       client.release();
     }
+  }
+
+  async stopAndWait(jobId: string): Promise<unknown> {
+    const canceled: CancelResult = await this.producer.cancel(jobId, { reason: 'maintenance' });
+    if (canceled.outcome === 'canceling') {
+      const job = await this.producer.waitFor(jobId, { timeoutMs: 5_000 });
+      return job.state === 'done' ? job.result : job.cancelReason;
+    }
+    return canceled.state;
   }
 
   async pauseForMaintenance(): Promise<QueuePause[]> {

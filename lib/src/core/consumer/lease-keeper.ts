@@ -135,6 +135,11 @@ export class LeaseKeeper {
       this.errors.failed(error, Math.floor(this.options.leaseMs / 6));
     } finally {
       this.heartbeatRunning = false;
+      // A report that came while this heartbeat was on its way (the renew it scheduled found one
+      // running and sent nothing) waits for its own turn, not for the next lease tick.
+      if (!this.progressScheduled && [...this.jobs.values()].some((held) => held.pendingProgress !== null)) {
+        this.scheduleProgressWrite();
+      }
     }
   }
 
@@ -172,6 +177,11 @@ export class LeaseKeeper {
   reportProgress(held: HeldJob, value: unknown): void {
     held.pendingProgress = progressText(held.job.queue, held.job.id, value);
     safeEmit(this.deps.listeners, 'progress', { queue: held.job.queue, jobId: held.job.id, progress: value });
+    this.scheduleProgressWrite();
+  }
+
+  /** One renew() for pending progress, PROGRESS_INTERVAL_MS after the last progress write. */
+  private scheduleProgressWrite(): void {
     if (this.progressScheduled) return;
     this.progressScheduled = true;
     const waitMs = Math.max(0, this.lastProgressWriteAt + PROGRESS_INTERVAL_MS - this.deps.clock.now());
