@@ -7,7 +7,8 @@ import { DEFAULT_THROUGHPUT_FLUSH_MS, ThroughputRecorder } from '../lib/src/core
 import type { QueueEventListener } from '../lib/src/core/events.js';
 import { silentLogger } from '../lib/src/core/logger.js';
 import { resolveConsumerOptions, resolveQueueOptions, type QueueOptions } from '../lib/src/core/options.js';
-import { QueueProducerCore } from '../lib/src/core/producer/producer.js';
+import { FinishWatch, QueueProducerCore } from '../lib/src/core/producer/index.js';
+import type { JobContext } from '../lib/src/core/consumer/index.js';
 import type { QueueStore } from '../lib/src/core/queue-store.js';
 import { DEFAULT_WAKE_INTERVAL_MS, RemoteWaker, WakeBus } from '../lib/src/core/wake.js';
 import { createQueueStore } from '../lib/src/store/create-store.js';
@@ -127,7 +128,7 @@ export function producerFor(
  */
 export function consumerFor(
   store: QueueStore,
-  queues: { queue: string; options: QueueOptions; handler: (payload: unknown) => Promise<void> }[],
+  queues: { queue: string; options: QueueOptions; handler: (payload: unknown, context: JobContext) => Promise<void> }[],
   listeners: QueueEventListener[],
   wakeBus = new WakeBus(),
 ): SqlQueueConsumer {
@@ -142,13 +143,14 @@ export function consumerFor(
     store,
     clock: systemClock,
     logger: silentLogger,
-    listeners: [...listeners, throughput],
+    // The runtime's finish watch too: every completion looks for waiters.
+    listeners: [...listeners, throughput, new FinishWatch({ broadcast: null, listen: null, logger: silentLogger })],
     wakeBus,
     workerId: `bench:${process.pid}`,
     tracer: BENCH_TRACER,
   });
   for (const { queue, options, handler } of queues) {
-    consumer.register(resolveQueueOptions(queue, { handler: options }, consumerOptions), (payload) => handler(payload));
+    consumer.register(resolveQueueOptions(queue, { handler: options }, consumerOptions), handler);
   }
   throughput.start();
   const stopConsumer = consumer.stop.bind(consumer);

@@ -27,13 +27,17 @@ export function drainOptions(concurrency: number, profile: DrainProfile): QueueO
   return { minReaders: concurrency, maxReaders: concurrency, batchSize: 100, prefetch: 200 };
 }
 
-/** Drains `total` pre-enqueued jobs with a no-op handler; jobs/s from consumer start to last completion. */
+/**
+ * Drains `total` pre-enqueued jobs with a no-op handler (or one that reports progress once);
+ * jobs/s from consumer start to last completion.
+ */
 export async function drainOnce(
   store: QueueStore,
   queue: string,
   total: number,
   concurrency: number,
   profile: DrainProfile = 'throughput',
+  { progress = false }: { progress?: boolean } = {},
 ): Promise<number> {
   const producer = producerFor(store);
   for (let done = 0; done < total; done += 1_000) {
@@ -47,7 +51,13 @@ export async function drainOnce(
   const allDone = new Promise<void>((resolve) => (finish = resolve));
   const consumer = consumerFor(
     store,
-    [{ queue, options: drainOptions(concurrency, profile), handler: async () => {} }],
+    [
+      {
+        queue,
+        options: drainOptions(concurrency, profile),
+        handler: progress ? async (_payload, context) => context.progress(50) : async () => {},
+      },
+    ],
     [{ completed: () => ++completed === total && finish() }],
   );
   const started = performance.now();
@@ -96,6 +106,26 @@ export async function drainCase(target: Target, scale: number): Promise<Result[]
         ...(concurrency === 1 ? {} : { target: '>= 80% of reference' }),
       });
     }
+    // Job control's cost (issue 23): one progress report per job, README defaults at concurrency
+    // 10, against the same without, alternated twice so drift hits both alike.
+    const plain: number[] = [];
+    const reporting: number[] = [];
+    for (let round = 0; round < 2; round++) {
+      for (const progress of [false, true]) {
+        const queue = `drain-progress-${round}-${progress}`;
+        queues.push(queue);
+        (progress ? reporting : plain).push(await drainOnce(store, queue, total, 10, 'defaults', { progress }));
+      }
+    }
+    const mean = (values: number[]) => values.reduce((a, b) => a + b, 0) / values.length;
+    results.push({
+      case: 'drain',
+      variant: `concurrency 10, one context.progress() per job (README defaults)${label}`,
+      value: mean(reporting),
+      unit: 'jobs/s',
+      reference: { name: 'the same without progress, alternated', value: mean(plain) },
+      target: '>= 90% of reference',
+    });
     if (raw1) {
       results.push({
         case: 'drain',

@@ -31,6 +31,7 @@ import {
 } from '../helpers/chromium.js';
 import { dropPgSchema, PG_URL, sql, uniqueSchema } from '../helpers/databases.js';
 import { deferred, waitFor } from '../helpers/wait-for.js';
+import { createEffectTables, killAllWorkers, WorkerProcess } from '../helpers/worker-process.js';
 
 /**
  * The dashboard page in a real Chromium, against a real Nest app (HTTP, PostgreSQL, handlers):
@@ -249,6 +250,7 @@ afterEach(() => {
 });
 
 afterAll(async () => {
+  await killAllWorkers();
   await browser?.close();
   await readOnly?.app.close();
   await main?.app.close();
@@ -498,6 +500,26 @@ describe.skipIf(!browserTestsEnabled)('dashboard page in Chromium', () => {
       { what: 'the pause button back' },
     );
     expect((await main.producer.stats('reports')).paused).toBe(false);
+  });
+
+  it("shows a running job's progress live as its handler in another process reports it, and cancels it with Cancel", async () => {
+    await createEffectTables(PG_URL, schema);
+    const worker = await WorkerProcess.start({ url: PG_URL, schema, queue: 'exports', mode: 'progress', events: true });
+    const { jobId } = await main.producer.enqueue('exports', { n: 1 });
+    await worker.next((m) => m.type === 'started' && m.jobId === jobId);
+    await show(`#/jobs/${jobId}`);
+    const stepOf = (text: string) => Number(/"step":(\d+)/.exec(text)?.[1] ?? 0);
+    const first = stepOf(await waitForTestIdText(page, 'job-field-progress', (t) => stepOf(t) > 0));
+    // The page refreshes itself: the value moves on without a reload (at most one write a second).
+    await waitForTestIdText(page, 'job-field-progress', (t) => stepOf(t) > first, 'progress to move on');
+    expect(((await main.producer.getJob(jobId))!.progress as { step: number }).step).toBeGreaterThan(first);
+
+    await page.click('[data-testid="job-cancel"]');
+    expect(await worker.event('canceled', (m) => m.jobId === jobId, 10_000)).toMatchObject({ jobId });
+    await untilState(jobId, 'canceled');
+    await waitForTestIdText(page, 'job-field-state', (t) => t === 'canceled');
+    expect(await countOf(page, '[data-testid="job-cancel"]')).toBe(0);
+    await worker.stop();
   });
 
   it('pages through a long list with Next page and First page', async () => {

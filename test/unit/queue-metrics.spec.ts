@@ -41,6 +41,7 @@ describe('QueueEventMetrics', () => {
     metrics.failed({ queue: 'a', dead: true });
     metrics.lostOwnership({ queue: 'a', during: 'complete' });
     metrics.abandoned({ queue: 'a' });
+    metrics.canceled({ queue: 'a' });
     metrics.readersChanged({ queue: 'a', readers: 1, reason: 'start' });
     metrics.readersChanged({ queue: 'a', readers: 2, reason: 'activation' });
     metrics.readersChanged({ queue: 'a', readers: 1, reason: 'retire' });
@@ -55,6 +56,7 @@ describe('QueueEventMetrics', () => {
       deadLettered: 1,
       lostOwnership: { heartbeat: 0, complete: 1, fail: 0, release: 0 },
       abandoned: 1,
+      canceled: 1,
       readerActivations: 1,
       readerRetirements: 1,
       readers: 1,

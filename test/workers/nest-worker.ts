@@ -27,9 +27,11 @@ import { LineLogger, releaseGate, send, workerModuleOptions, workerQueueOptions 
  * - 'hang-after-effect': write the effect, then hang (a crash after the external action
  *   but before the completion is recorded);
  * - 'gated': report 'started', then wait for a 'release' message from the parent saying
- *   whether to complete (writing the effect first) or to fail.
+ *   whether to complete (writing the effect first) or to fail;
+ * - 'progress': report progress ({ step: 1 }, { step: 2 }, …) every 100 ms until the job's
+ *   signal aborts (a cancel), then throw its reason.
  */
-export type WorkerMode = 'normal' | 'hang' | 'hang-after-effect' | 'gated';
+export type WorkerMode = 'normal' | 'hang' | 'hang-after-effect' | 'gated' | 'progress';
 
 /** Configuration of one worker process (passed as JSON in argv[2]). */
 export interface WorkerConfig {
@@ -83,6 +85,13 @@ async function handle(payload: { n: number }, context: JobContext): Promise<void
   send({ type: 'started', jobId: context.jobId, attempt: context.attempt, n: payload.n, queue: context.queue });
   const mode = config.mode ?? 'normal';
   if (mode === 'hang') await hangForever();
+  if (mode === 'progress') {
+    for (let step = 1; !context.signal.aborted; step++) {
+      context.progress({ step });
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    throw context.signal.reason;
+  }
   if (mode === 'gated') {
     const release = await released(context.jobId);
     if (release.outcome === 'fail') throw new Error(`drill: job ${context.jobId} fails on request`);

@@ -105,3 +105,45 @@ export class RemoteWaker {
     this.again.clear();
   }
 }
+
+/** Listens for wake-ups from other processes; the returned function stops listening. */
+export type WakeListen = (onWake: (name: string) => void) => Promise<() => Promise<void>>;
+
+/**
+ * The process's one wake-up connection (a LISTEN, or the doorbell's reader), shared by its
+ * readers and its waitFor() waiters: the first to listen opens it, the last to stop closes it.
+ */
+export class WakeChannel {
+  private readonly callbacks = new Set<(name: string) => void>();
+  private opened: Promise<() => Promise<void>> | null = null;
+
+  /** `open`: the channel as it is now (the doorbell connects after this is built); undefined: none. */
+  constructor(private readonly open: () => WakeListen | undefined) {}
+
+  /** The channel's listen, or undefined when the process has none. */
+  get listen(): WakeListen | undefined {
+    return this.open() ? this.join : undefined;
+  }
+
+  private readonly join: WakeListen = async (onWake) => {
+    this.callbacks.add(onWake);
+    try {
+      this.opened ??= this.open()!((name) => {
+        for (const callback of this.callbacks) callback(name);
+      });
+      await this.opened;
+    } catch (error) {
+      this.callbacks.delete(onWake);
+      this.opened = null;
+      throw error;
+    }
+    return async () => {
+      if (!this.callbacks.delete(onWake) || this.callbacks.size > 0 || !this.opened) return;
+      const opened = this.opened;
+      this.opened = null;
+      await (
+        await opened
+      )();
+    };
+  };
+}

@@ -52,7 +52,7 @@ export class SqlQueueConsumerHost implements OnModuleInit, OnApplicationBootstra
       logger: this.logger,
       listeners: this.runtime.listeners,
       wakeBus: this.runtime.wakeBus,
-      listen: this.doorbellListen(),
+      listen: this.runtime.wakeChannel.listen,
       workerId: this.runtime.workerId,
       tracer: this.runtime.tracer,
     });
@@ -112,14 +112,12 @@ export class SqlQueueConsumerHost implements OnModuleInit, OnApplicationBootstra
   }
 
   /** SQL Server's wake-ups from other processes: the Service Broker doorbell (broker.doorbell). */
-  private doorbellListen(): ((onWake: (queue: string) => void) => Promise<() => Promise<void>>) | undefined {
-    const doorbell = this.runtime.broker?.doorbell;
-    if (!doorbell || !this.runtime.options.wakeups.enabled) return undefined;
-    return (onWake) => doorbell.listen(onWake);
-  }
-
   async onApplicationBootstrap(): Promise<void> {
-    if (this.enabled) await this.consumer?.start();
+    if (this.enabled && this.consumer) {
+      await this.consumer.start();
+      // Waiters in other processes ask for the jobs they wait for; this process's finishes answer.
+      if (this.consumer.queueNames.length > 0) await this.runtime.finishWatch.listen();
+    }
     // In a producer-only process too: the initiator side ends the dialogs that targets end.
     await this.runtime.broker?.start();
   }

@@ -9,7 +9,8 @@ import { settleWithin } from '../core/timeout.js';
 import { NO_TRACING, type QueueTracer } from '../core/tracing.js';
 import type { QueueStore } from '../core/queue-store.js';
 import { DEFAULT_MAX_ATTEMPTS } from '../core/validation.js';
-import { RemoteWaker, WakeBus } from '../core/wake.js';
+import { RemoteWaker, WakeBus, WakeChannel, type WakeListen } from '../core/wake.js';
+import { FinishWatch } from '../core/producer/index.js';
 import { createQueueStore } from '../store/create-store.js';
 import type { ResolvedModuleOptions } from './sql-queue.options.js';
 import type { ResolvedHandler } from './queue-handler.explorer.js';
@@ -38,6 +39,10 @@ export class SqlQueueRuntime {
   readonly handlerOptions = new Map<string, QueueOptions>();
   readonly wakeBus = new WakeBus();
   readonly remoteWaker: RemoteWaker | null;
+  /** The process's one wake-up connection, shared by the readers and waitFor(). */
+  readonly wakeChannel: WakeChannel;
+  /** Wakes waitFor() when its job finishes, here or (through NOTIFY) elsewhere. */
+  readonly finishWatch: FinishWatch;
   /** Where the remote waker rings: the store's notify, or the broker doorbell's ring. */
   private readonly wakeTarget: Pick<QueueStore, 'notify'>;
   readonly producer: QueueProducerCore;
@@ -67,6 +72,14 @@ export class SqlQueueRuntime {
       options.wakeups.enabled && (store.notify || options.broker?.doorbell)
         ? new RemoteWaker(this.wakeTarget, options.wakeups.intervalMs, logger)
         : null;
+    this.wakeChannel = new WakeChannel(() => this.channelListen());
+    // Only NOTIFY reaches every process: a doorbell ring wakes a single listener.
+    this.finishWatch = new FinishWatch({
+      broadcast: options.wakeups.enabled && store.notify ? (name) => store.notify!(name) : null,
+      listen: store.notify ? (this.wakeChannel.listen ?? null) : null,
+      logger,
+    });
+    this.addListener(this.finishWatch);
     this.producer = new QueueProducerCore(
       store,
       {
@@ -74,6 +87,7 @@ export class SqlQueueRuntime {
         maxAttemptsFor: (queue) => this.defaultMaxAttempts(queue),
         enqueueBatching: options.enqueueBatching,
         tracer,
+        finishWatch: this.finishWatch,
       },
       this.wakeBus,
       this.remoteWaker,
@@ -97,6 +111,16 @@ export class SqlQueueRuntime {
     this.broker = broker;
     const doorbell = broker.doorbell;
     if (doorbell && !this.wakeTarget.notify) this.wakeTarget.notify = (queue) => doorbell.ring(queue);
+  }
+
+  /**
+   * Where wake-ups from other processes arrive: PostgreSQL's LISTEN (also with wake-ups off, for
+   * producers that send them), or the Service Broker doorbell while wake-ups are on.
+   */
+  private channelListen(): WakeListen | undefined {
+    if (this.store.listen) return (onWake) => this.store.listen!(onWake);
+    const doorbell = this.broker?.doorbell;
+    return doorbell && this.options.wakeups.enabled ? (onWake) => doorbell.listen(onWake) : undefined;
   }
 
   /** Live list: listeners added later (metrics) see every event from then on. */
@@ -149,6 +173,7 @@ export class SqlQueueRuntime {
     // First, while the store and the wake-ups still work: enqueues already accepted are stored.
     await this.producer.close(ENQUEUE_FLUSH_TIMEOUT_MS);
     this.remoteWaker?.close();
+    await this.finishWatch.close();
     await this.throughput?.stop(THROUGHPUT_FLUSH_TIMEOUT_MS);
     await this.broker?.close().catch((error: unknown) => {
       this.logger.warn(`closing the Service Broker reader pool failed: ${(error as Error).message}`);

@@ -129,6 +129,8 @@ export interface QueueEventFigures {
   lostOwnership: { heartbeat: number; complete: number; fail: number; release: number };
   /** Handlers that ignored their abort signal; the reader moved on and the lease decides. */
   abandoned: number;
+  /** Jobs this process held that cancel() ended (their handlers were aborted). */
+  canceled: number;
   /** Ordered groups this process's repair sweep found inconsistent and fixed (should stay 0). */
   groupRepairs: number;
   /** Readers started by the activation rule (work waiting, readers busy), and readers retired. */
@@ -176,6 +178,7 @@ export class QueueEventMetrics implements QueueEventListener {
       deadLettered: 0,
       lostOwnership: { heartbeat: 0, complete: 0, fail: 0, release: 0 },
       abandoned: 0,
+      canceled: 0,
       groupRepairs: 0,
       readerActivations: 0,
       readerRetirements: 0,
@@ -214,6 +217,10 @@ export class QueueEventMetrics implements QueueEventListener {
 
   abandoned(event: { queue: string }): void {
     this.of(event.queue).abandoned++;
+  }
+
+  canceled(event: { queue: string }): void {
+    this.of(event.queue).canceled++;
   }
 
   groupRepaired(event: { queue: string }): void {

@@ -8,3 +8,4 @@ export {
   type EnqueueItem,
   QueueProducerCore,
 } from './producer.js';
+export { ASK_TTL_MS, FinishWatch, type FinishWatcher } from './finish-watch.js';

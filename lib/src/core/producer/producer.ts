@@ -25,9 +25,14 @@ import {
   MAX_AGE_MS,
 } from '../validation.js';
 import { ENQUEUE_OPTION_KEYS, prepareJob, withTraceContext } from './job-validation.js';
+import { ASK_AGAIN_MS, type FinishWatch } from './finish-watch.js';
 import { cancelWakeName, type RemoteWaker, type WakeBus } from '../wake.js';
 
 /** The states a job ends in. */
+/** waitFor's polling: from 25 ms doubling to 1 s, or 5 s while finishes elsewhere wake it. */
+const WAIT_POLL_MIN_MS = 25;
+const WAIT_POLL_MAX_MS = 1_000;
+const WAIT_POLL_MAX_LIVE_MS = 5_000;
 const FINISHED: ReadonlySet<JobRecord['state']> = new Set(['done', 'dead', 'canceled']);
 
 /** Most job ids one cancelMany takes (one statement). */
@@ -55,6 +60,8 @@ export interface ProducerSettings {
   enqueueBatching?: EnqueueBatchingSettings & { enabled: boolean };
   /** Producer spans, and the trace context each job stores (none when absent). */
   tracer?: QueueTracer;
+  /** Wakes waitFor() when its job finishes (polling only when absent). */
+  finishWatch?: FinishWatch;
 }
 
 const CALL_OPTION_KEYS: readonly string[] = [...ENQUEUE_OPTION_KEYS, 'transaction'];
@@ -248,8 +255,11 @@ export class QueueProducerCore {
     for (const queue of new Set(results.filter((r) => r.outcome === 'canceling').map((r) => r.queue!))) {
       this.wake(cancelWakeName(queue));
     }
+    const canceled = results.filter((r) => r.outcome === 'canceled');
     // A canceled job that headed an ordered group let the group's next job go.
-    for (const queue of new Set(results.filter((r) => r.outcome === 'canceled').map((r) => r.queue!))) this.wake(queue);
+    for (const queue of new Set(canceled.map((r) => r.queue!))) this.wake(queue);
+    // No consumer hears of these: their waiters are told from here.
+    for (const { id } of canceled) this.settings.finishWatch?.finished(id, { announce: true });
     return results;
   }
 
@@ -274,30 +284,64 @@ export class QueueProducerCore {
 
   /**
    * Waits until a job is finished (done, dead or canceled) and resolves with its record, whose
-   * `result` is what the handler returned. Polls getJob() (one primary-key read), 25 ms doubling
-   * to 1 s; rejects with SqlQueueWaitTimeoutError after `timeoutMs` (default 30 s), and with a
-   * SqlQueueValidationError when the job does not exist.
+   * `result` is what the handler returned. Woken when the job finishes in this process, or in
+   * another where wake-ups reach every process (PostgreSQL NOTIFY); it also polls getJob() (one
+   * primary-key read), from 25 ms doubling to 1 s (5 s while wake-ups reach it). Rejects with
+   * SqlQueueWaitTimeoutError after `timeoutMs` (default 30 s), and with a SqlQueueValidationError
+   * when the job does not exist.
    */
   async waitFor(jobId: JobId, options: { timeoutMs?: number } = {}): Promise<JobRecord> {
     const id = assertJobId(jobId);
     const { timeoutMs } = assertOptionGroup('waitFor options', options, ['timeoutMs'], SqlQueueValidationError);
     const limitMs = assertInteger('waitFor timeoutMs', timeoutMs ?? 30_000, 1, MAX_AGE_MS, SqlQueueValidationError);
     const deadline = Date.now() + limitMs;
-    for (let pauseMs = 25; ; pauseMs = Math.min(pauseMs * 2, 1_000)) {
-      const job = await this.store.getJob(id);
-      if (job === null)
-        throw new SqlQueueValidationError(
-          `waitFor: no job ${id} (it never existed, or it finished and was cleaned up)`,
-        );
-      if (FINISHED.has(job.state)) return job;
-      const left = deadline - Date.now();
-      if (left <= 0) {
-        throw new SqlQueueWaitTimeoutError(
-          `waitFor: job ${id} in queue '${job.queue}' is still ${job.state} after ${limitMs} ms`,
-        );
+    const first = await this.readForWait(id);
+    if (FINISHED.has(first.state)) return first;
+    let signaled: boolean;
+    let wakeUp: (() => void) | null = null;
+    const watcher = await this.settings.finishWatch?.watch(id, () => {
+      signaled = true;
+      wakeUp?.();
+    });
+    try {
+      const longestPauseMs = watcher?.live ? WAIT_POLL_MAX_LIVE_MS : WAIT_POLL_MAX_MS;
+      let askedAt = Date.now();
+      for (let pauseMs = WAIT_POLL_MIN_MS; ; pauseMs = Math.min(pauseMs * 2, longestPauseMs)) {
+        // Read again right after asking: the job may have finished before the ask went out.
+        signaled = false;
+        const job = await this.readForWait(id);
+        if (FINISHED.has(job.state)) return job;
+        const left = deadline - Date.now();
+        if (left <= 0) {
+          throw new SqlQueueWaitTimeoutError(
+            `waitFor: job ${id} in queue '${job.queue}' is still ${job.state} after ${limitMs} ms`,
+          );
+        }
+        if (Date.now() - askedAt >= ASK_AGAIN_MS) {
+          watcher?.askAgain();
+          askedAt = Date.now();
+        }
+        if (signaled) continue;
+        await new Promise<void>((resolve) => {
+          const timer = setTimeout(resolve, Math.min(pauseMs, left));
+          wakeUp = () => {
+            clearTimeout(timer);
+            resolve();
+          };
+        });
+        wakeUp = null;
       }
-      await new Promise((resolve) => setTimeout(resolve, Math.min(pauseMs, left)));
+    } finally {
+      watcher?.stop();
     }
+  }
+
+  private async readForWait(id: JobId): Promise<JobRecord> {
+    const job = await this.store.getJob(id);
+    if (job === null) {
+      throw new SqlQueueValidationError(`waitFor: no job ${id} (it never existed, or it finished and was cleaned up)`);
+    }
+    return job;
   }
 
   /** Every paused queue, with its reason and when it was paused. */

@@ -455,6 +455,13 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
       collect: fromFigures((c, p) => c.inc({ queue: p.queue }, p.abandoned)),
     });
     new Counter({
+      name: this.name('jobs_canceled_total'),
+      help: 'Running jobs this process held that cancel() ended: their handlers were aborted and the attempt recorded as canceled. Ready and delayed jobs that cancel() ended before they ran are not counted: no consumer held them.',
+      labelNames: queueLabel,
+      registers,
+      collect: fromFigures((c, p) => c.inc({ queue: p.queue }, p.canceled)),
+    });
+    new Counter({
       name: this.name('group_repairs_total'),
       help: "Ordered groups whose cached state this process's repair sweep found inconsistent with their jobs and fixed. Should stay 0: each one is a bug or a manual edit.",
       labelNames: queueLabel,
