@@ -9,6 +9,7 @@ import { afterAll, afterEach, beforeAll, expect, it } from 'vitest';
 import { createPostgresStore } from '../../../lib/src/store/postgres/postgres.connect.js';
 import { dropPgSchema, PG_URL, uniqueSchema } from '../../helpers/databases.js';
 import { PgProxy } from '../../helpers/pg-proxy.js';
+import { enqueueKeys } from '../../helpers/drills.js';
 import { createEffectTables, killAllWorkers, WorkerProcess } from '../../helpers/worker-process.js';
 
 const schema = uniqueSchema('idle');
@@ -81,4 +82,45 @@ it('drill 6 — idle workers claim at the rate maxPollMs implies: one claim loop
     );
   }
   console.log(`idle polling, maxPollMs ${maxPollMs}, ${readers} readers per queue:\n  ${rates.join('\n  ')}`);
+});
+
+it('a paused queue with jobs waiting costs what an idle queue costs: the same claims per second, and nothing leased', async () => {
+  const paused = 'paused-full';
+  const idle = 'idle-beside';
+  const maxPollMs = 250;
+  const store = createPostgresStore({ url: PG_URL, poolSize: 1 }, { schema });
+  try {
+    await store.pauseQueue(paused, 'drill');
+    await enqueueKeys(
+      store,
+      paused,
+      Array.from({ length: 50 }, (_, i) => `waiting-${i}`),
+    );
+    const proxy = await PgProxy.start(PG_URL);
+    proxies.push(proxy);
+    const worker = await WorkerProcess.start({
+      url: proxy.urlFor(PG_URL),
+      schema,
+      queue: paused,
+      extraQueues: [idle],
+      minReaders: 3,
+      maxReaders: 3,
+      minPollMs: 20,
+      maxPollMs,
+    });
+    const from = Date.now() + 1_000;
+    const windowMs = 3_000;
+    const to = from + windowMs;
+    await new Promise((resolve) => setTimeout(resolve, to - Date.now() + 50));
+    expect(worker.alive).toBe(true);
+    const pausedClaims = proxy.count('_claim', from, to, paused);
+    const idleClaims = proxy.count('_claim', from, to, idle);
+    const perLoop = Math.floor(windowMs / maxPollMs) + 1;
+    expect(pausedClaims, `paused: ${pausedClaims}, idle: ${idleClaims}`).toBeLessThanOrEqual(perLoop);
+    expect(Math.abs(pausedClaims - idleClaims), `paused: ${pausedClaims}, idle: ${idleClaims}`).toBeLessThanOrEqual(2);
+    expect(worker.received('started')).toEqual([]);
+    expect((await store.stats(paused)).ready).toBe(50);
+  } finally {
+    await store.close();
+  }
 });
