@@ -94,6 +94,7 @@ export {
   SqlQueueLeaseLostError,
   SqlQueueJobTimeoutError,
   SqlQueueCanceledError,
+  SqlQueueRateLimitedError,
   SqlQueueWaitTimeoutError,
   SqlQueueShutdownError,
   SqlQueueUnrecoverableError,

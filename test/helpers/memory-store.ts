@@ -73,7 +73,7 @@ export class MemoryStore implements Partial<QueueStore> {
   }
 
   /** Gives leased jobs back to the front of the ready list (attempt not counted), token-checked. */
-  async release(items: readonly OwnedJob[]): Promise<CompleteResult[]> {
+  async release(items: readonly (OwnedJob & { delayMs?: number })[]): Promise<CompleteResult[]> {
     return items.map((item) => {
       const ok = this.leased.get(item.id) === item.claimToken;
       if (ok) {

@@ -7,6 +7,7 @@ import {
   SqlQueueConfigError,
   SqlQueueLeaseLostError,
   SqlQueueModule,
+  SqlQueueRateLimitedError,
   SqlQueueShutdownError,
   SqlQueueUnrecoverableError,
   SqlQueueValidationError,
@@ -172,6 +173,50 @@ describe('SqlQueueModule: boot errors name the class and the problem', () => {
       module: { reaper: { enabled: false }, retention: { enabled: false } },
     });
     expect(ok.app.get(QueueProducer)).toBeDefined();
+  });
+});
+
+describe('SqlQueueModule: a handler that meets an outside limit (issue 24)', () => {
+  it('SqlQueueRateLimitedError and context.rateLimited() postpone the job without counting an attempt; it runs again after the wait', async () => {
+    const runs: { n: number; attempt: number; at: number }[] = [];
+    @QueueHandler('limited', { maxAttempts: 1 })
+    class LimitedHandler implements QueueJobHandler<{ n: number }, object> {
+      async handle(payload: { n: number }, context: JobContext) {
+        runs.push({ n: payload.n, attempt: context.attempt, at: Date.now() });
+        const first = runs.filter((r) => r.n === payload.n).length === 1;
+        if (first && payload.n === 1) throw new SqlQueueRateLimitedError(400, 'HTTP 429 from the partner API');
+        if (first && payload.n === 2) {
+          context.rateLimited(400);
+          return { ignored: true }; // the postponement wins over the return value
+        }
+        expect(() => context.rateLimited(-1)).toThrow(/retryAfterMs must be an integer from 0/);
+        return { n: payload.n };
+      }
+    }
+    const events: { jobId: string; delayMs: number }[] = [];
+    const { app } = await boot({
+      schema,
+      providers: [LimitedHandler],
+      module: { listeners: [{ rateLimited: (e) => events.push(e) }] },
+    });
+    const producer = app.get(QueueProducer);
+    const [one, two] = await Promise.all([
+      producer.enqueue('limited', { n: 1 }),
+      producer.enqueue('limited', { n: 2 }),
+    ]);
+    for (const { jobId } of [one, two]) {
+      // maxAttempts 1: a counted attempt would have made the job dead.
+      const job = await producer.waitFor(jobId, { timeoutMs: 10_000 });
+      expect(job).toMatchObject({ state: 'done', attempts: 1 });
+      expect((await producer.getAttempts(jobId)).map((a) => a.outcome)).toEqual(['completed']);
+    }
+    for (const n of [1, 2]) {
+      const [first, second] = runs.filter((r) => r.n === n);
+      expect([first!.attempt, second!.attempt]).toEqual([1, 1]);
+      expect(second!.at - first!.at).toBeGreaterThanOrEqual(350);
+    }
+    expect(events.map((e) => e.delayMs)).toEqual([400, 400]);
+    expect(() => new SqlQueueRateLimitedError(1.5)).toThrow(/retryAfterMs must be an integer/);
   });
 });
 

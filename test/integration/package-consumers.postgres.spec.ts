@@ -208,6 +208,7 @@ import {
   QueueHandler,
   QueueProducer,
   SqlQueueModule,
+  SqlQueueRateLimitedError,
   type JobContext,
   type QueueJobHandler,
   type CancelResult,
@@ -233,6 +234,8 @@ interface Ping {
 export class PingHandler implements QueueJobHandler<Ping, { pong: number }> {
   async handle(payload: Ping, context: JobContext): Promise<{ pong: number }> {
     console.log(payload.at, context.jobId, context.attempt);
+    if (payload.at < 0) throw new SqlQueueRateLimitedError(1_000, 'partner API said 429');
+    if (payload.at === 0) context.rateLimited(500);
     context.progress(100);
     return { pong: payload.at };
   }

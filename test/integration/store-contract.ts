@@ -1011,6 +1011,40 @@ export function describeStoreContract(target: StoreTarget): void {
         expect((await claimOne(queue)).attempt).toBe(1);
       });
 
+      it('a give-back with a delay postpones the job: delayed until then, its attempt given back and not recorded; its group waits for it', async () => {
+        const claimAll = (queue: string) => store.claim({ queue, limit: 10, leaseMs: 30_000, workerId: WORKER });
+        const queue = newQueue('postpone');
+        await store.enqueue([job(queue, {})]);
+        const claimed = await claimOne(queue);
+        expect(await store.release([{ id: claimed.id, claimToken: claimed.claimToken, delayMs: 500 }])).toEqual([
+          { id: claimed.id, outcome: 'ok' },
+        ]);
+        expect(await store.getJob(claimed.id)).toMatchObject({ state: 'delayed', attempts: 0, claimToken: null });
+        expect(await store.getAttempts(claimed.id)).toEqual([]);
+        expect(await claimAll(queue)).toEqual([]);
+        const [again] = await waitFor(
+          () => claimAll(queue),
+          (jobs) => jobs.length > 0,
+          { what: 'the postponed job to be claimable once due', timeoutMs: 5_000 },
+        );
+        expect(again).toMatchObject({ id: claimed.id, attempt: 1 });
+
+        const grouped = newQueue('postpone-group');
+        const [g1, g2] = await store.enqueue([1, 2].map((n) => job(grouped, { n }, { groupKey: 'g' })));
+        const [head] = await claimAll(grouped);
+        expect(head!.id).toBe(g1!.jobId);
+        await store.release([{ id: head!.id, claimToken: head!.claimToken, delayMs: 500 }]);
+        // The next job of the group does not pass the postponed head.
+        expect(await claimAll(grouped)).toEqual([]);
+        const [next] = await waitFor(
+          () => claimAll(grouped),
+          (jobs) => jobs.length > 0,
+          { what: 'the postponed head to be claimable once due', timeoutMs: 5_000 },
+        );
+        expect(next).toMatchObject({ id: g1!.jobId, attempt: 1 });
+        expect(g2).toBeDefined();
+      });
+
       it('batches many owners in one call, each checked on its own token', async () => {
         const queue = newQueue('batch');
         await store.enqueue(Array.from({ length: 6 }, (_, i) => job(queue, { i })));

@@ -49,6 +49,7 @@ function jobContext(): JobContext & { signalReads: number } {
     },
     extendLease: async () => undefined,
     progress: () => undefined,
+    rateLimited: () => undefined,
     get signalReads() {
       return reads;
     },

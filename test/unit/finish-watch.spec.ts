@@ -31,13 +31,16 @@ describe('FinishWatch', () => {
   it("wakes a waiter when another process that heard its ask records the job's final outcome", async () => {
     const bus = broadcastBus();
     const consumer = processOn(bus);
-    expect(await consumer.listen()).toBe(true); // a consumer process, when its readers start
+    expect(await consumer.listen({ consuming: true })).toBe(true); // when its readers start
     const waiter = processOn(bus);
     let woken = 0;
-    const watcher = await waiter.watch('42', () => woken++);
-    expect(watcher.live).toBe(true);
+    const watcher = waiter.watch('42', () => woken++);
     await settle();
     expect(bus.sent).toEqual(['!await:42']);
+    // Once the ask is out, the waiter is told to read again (the job may have finished before it).
+    expect(woken).toBe(1);
+    // Not live until an answer from another process was heard: only then do consumers answer.
+    expect(watcher.live).toBe(false);
 
     consumer.failed({ jobId: '42', dead: false }); // a retry is not a finish
     consumer.completed({ jobId: '7' }); // nobody asked for 7
@@ -46,7 +49,8 @@ describe('FinishWatch', () => {
     consumer.completed({ jobId: '42' });
     await settle();
     expect(bus.sent).toEqual(['!await:42', '!done:42']);
-    expect(woken).toBe(1);
+    expect(woken).toBe(2);
+    expect(watcher.live).toBe(true);
     // Answered once: the id is forgotten.
     consumer.completed({ jobId: '42' });
     await settle();
@@ -68,9 +72,9 @@ describe('FinishWatch', () => {
     const bus = broadcastBus();
     let now = 1_000_000;
     const consumer = processOn(bus, () => now);
-    await consumer.listen();
+    await consumer.listen({ consuming: true });
     const waiter = processOn(bus);
-    await waiter.watch('9', () => undefined);
+    waiter.watch('9', () => undefined);
     await settle();
     now += 61_000;
     consumer.completed({ jobId: '9' });
@@ -81,7 +85,7 @@ describe('FinishWatch', () => {
   it('wakes a waiter in its own process without any notification, on every dialect', async () => {
     const watch = new FinishWatch({ broadcast: null, listen: null, logger });
     let woken = 0;
-    const watcher = await watch.watch('11', () => woken++);
+    const watcher = watch.watch('11', () => woken++);
     expect(watcher.live).toBe(false);
     watch.failed({ jobId: '11', dead: true });
     expect(woken).toBe(1);
@@ -104,12 +108,46 @@ describe('FinishWatch', () => {
   it('ignores malformed names and the names of queues', async () => {
     const watch = new FinishWatch({ broadcast: null, listen: null, logger });
     let woken = 0;
-    await watch.watch('3', () => woken++);
+    watch.watch('3', () => woken++);
     watch.receive('!done:x,,3;drop');
     watch.receive('orders');
     expect(woken).toBe(0);
     watch.receive('!done:1,3');
     expect(woken).toBe(1);
+  });
+
+  it('notes asks only in a process whose readers run, and forgets expired ones as new ones come', async () => {
+    const bus = broadcastBus();
+    let now = 0;
+    const producerOnly = processOn(bus, () => now);
+    await producerOnly.listen();
+    const consumer = processOn(bus, () => now);
+    await consumer.listen({ consuming: true });
+    producerOnly.receive('!await:1');
+    consumer.receive('!await:1');
+    now += 61_000;
+    consumer.receive('!await:2'); // 1 expired: dropped now, not answered
+    producerOnly.finished('1');
+    consumer.finished('1');
+    consumer.finished('2');
+    await settle();
+    expect(bus.sent).toEqual(['!done:2']);
+  });
+
+  it('closes bounded, and a listen that lands after close is closed at once', async () => {
+    let stops = 0;
+    let land!: () => void;
+    const slow: WakeListen = () =>
+      new Promise((resolve) => {
+        land = () => resolve(async () => void stops++);
+      });
+    const watch = new FinishWatch({ broadcast: async () => undefined, listen: slow, logger });
+    const watcher = watch.watch('5', () => undefined);
+    const closing = watch.close();
+    land();
+    await closing;
+    expect(stops).toBe(1);
+    expect(watcher.live).toBe(false);
   });
 });
 

@@ -377,6 +377,7 @@ describe('writes to Jobs, Attempts and Groups (issue 10, P4/P5; issue 11)', () =
         'heartbeat',
         'purgeDead',
         'purgeDeadIds',
+        'postpone',
         'reap',
         'release',
         'repairGroup',

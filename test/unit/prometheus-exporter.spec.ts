@@ -105,6 +105,7 @@ describe('SqlQueuePrometheusExporter', () => {
     emit('lostOwnership', { queue: q.queue, jobId: '3', during: 'complete', outcome: 'lost' });
     emit('readersChanged', { queue: q.queue, readers: 2, reason: 'activation' });
     emit('canceled', { queue: q.queue, jobId: '5', reason: 'operator' });
+    emit('rateLimited', { queue: q.queue, jobId: '6', delayMs: 1_000 });
     emit('groupRepaired', { queue: q.queue, groupKey: 'order-7', problem: 'head 9 is not the first unfinished job 8' });
     const m = await scrape();
     expect(sampleValue(m, 'sqlqueue_stats_up')).toBe(1);
@@ -137,6 +138,7 @@ describe('SqlQueuePrometheusExporter', () => {
     expect(sampleValue(m, 'sqlqueue_lost_ownership_total', { ...q, during: 'complete' })).toBe(1);
     expect(sampleValue(m, 'sqlqueue_reader_activations_total', q)).toBe(1);
     expect(sampleValue(m, 'sqlqueue_jobs_canceled_total', q)).toBe(1);
+    expect(sampleValue(m, 'sqlqueue_jobs_rate_limited_total', q)).toBe(1);
     expect(sampleValue(m, 'sqlqueue_job_latency_seconds_bucket', { ...q, le: '1' })).toBe(0);
     expect(sampleValue(m, 'sqlqueue_job_latency_seconds_bucket', { ...q, le: '2.5' })).toBe(1);
     // Scraping again neither loses nor double counts an observation.

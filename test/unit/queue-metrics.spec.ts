@@ -42,6 +42,7 @@ describe('QueueEventMetrics', () => {
     metrics.lostOwnership({ queue: 'a', during: 'complete' });
     metrics.abandoned({ queue: 'a' });
     metrics.canceled({ queue: 'a' });
+    metrics.rateLimited({ queue: 'a' });
     metrics.readersChanged({ queue: 'a', readers: 1, reason: 'start' });
     metrics.readersChanged({ queue: 'a', readers: 2, reason: 'activation' });
     metrics.readersChanged({ queue: 'a', readers: 1, reason: 'retire' });
@@ -57,6 +58,7 @@ describe('QueueEventMetrics', () => {
       lostOwnership: { heartbeat: 0, complete: 1, fail: 0, release: 0 },
       abandoned: 1,
       canceled: 1,
+      rateLimited: 1,
       readerActivations: 1,
       readerRetirements: 1,
       readers: 1,

@@ -56,6 +56,31 @@ export class SqlQueueCanceledError extends SqlQueueError {
   }
 }
 
+/**
+ * Thrown by a handler that met an outside limit (an HTTP 429, a quota): the job goes back to
+ * waiting for `retryAfterMs` (an integer from 0 to 2^31 − 1 ms, about 24.8 days), without
+ * counting an attempt and without an attempt record. `context.rateLimited(ms)` does the same
+ * without throwing. A job can be postponed this way any number of times.
+ */
+export class SqlQueueRateLimitedError extends SqlQueueError {
+  readonly retryAfterMs: number;
+
+  constructor(retryAfterMs: number, message?: string) {
+    super(message ?? `rate limited: retry after ${retryAfterMs} ms`);
+    this.retryAfterMs = assertRetryAfterMs(retryAfterMs);
+  }
+}
+
+/** The bound of a postponement, as the database columns hold it (DelayMs is an int on SQL Server). */
+export function assertRetryAfterMs(ms: unknown): number {
+  if (typeof ms !== 'number' || !Number.isInteger(ms) || ms < 0 || ms > 2_147_483_647) {
+    throw new SqlQueueValidationError(
+      `retryAfterMs must be an integer from 0 to 2147483647 (ms), got ${typeof ms === 'number' ? ms : typeof ms}`,
+    );
+  }
+  return ms;
+}
+
 /** `waitFor()` gave up: the job had not finished within its `timeoutMs` (it goes on running). */
 export class SqlQueueWaitTimeoutError extends SqlQueueError {}
 

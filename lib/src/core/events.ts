@@ -26,6 +26,11 @@ export interface QueueEventListener {
   abandoned?(event: { queue: string; jobId: string }): void;
   /** A handler reported progress (`context.progress()`); written to the database at most once a second. */
   progress?(event: { queue: string; jobId: string; progress: unknown }): void;
+  /**
+   * A handler met an outside limit (SqlQueueRateLimitedError, `context.rateLimited()`): its job
+   * was given back to wait `delayMs`, the attempt not counted.
+   */
+  rateLimited?(event: { queue: string; jobId: string; delayMs: number }): void;
   /** A job this process held was canceled (cancel()): its handler was aborted and the cancellation recorded. */
   canceled?(event: { queue: string; jobId: string; reason: string | null }): void;
   /**

@@ -19,7 +19,7 @@ import type {
   JobListRequest,
   JobRecord,
   NewJob,
-  OwnedJob,
+  ReleaseItem,
   QueueHealth,
   QueueHealthRequest,
   QueuePause,
@@ -85,10 +85,11 @@ export interface QueueStore extends ScheduleStore {
   fail(items: readonly FailItem[]): Promise<FailResult[]>;
 
   /**
-   * Gives back leased jobs that never started (prefetched, or stopped by shutdown before
-   * running): ready again at once, the attempt not counted.
+   * Gives back leased jobs, the attempt not counted and none recorded: ones that never started
+   * (prefetched, or stopped by shutdown before running) ready again at once; postponed ones
+   * (`delayMs`, a rate-limited handler) delayed until then. A job cancel() marked ends canceled.
    */
-  release(items: readonly OwnedJob[]): Promise<CompleteResult[]>;
+  release(items: readonly ReleaseItem[]): Promise<CompleteResult[]>;
 
   /** Returns up to `batchSize` expired leases to ready (or dead when out of attempts). */
   reap(batchSize: number): Promise<ReapedJob[]>;

@@ -132,6 +132,12 @@ export interface OwnedJob {
   claimToken: string;
 }
 
+/** A leased job given back to waiting: at once (never started), or after `delayMs` (postponed). */
+export interface ReleaseItem extends OwnedJob {
+  /** Wait this long before the job is claimable again (0 or absent: at once, in its old place). */
+  delayMs?: number;
+}
+
 /**
  * A completion: the job, its handler's result as JSON text, and its last progress not written
  * yet (null or absent: none, or nothing new).

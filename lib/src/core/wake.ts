@@ -127,14 +127,15 @@ export class WakeChannel {
 
   private readonly join: WakeListen = async (onWake) => {
     this.callbacks.add(onWake);
+    const opened = (this.opened ??= this.open()!((name) => {
+      for (const callback of this.callbacks) callback(name);
+    }));
     try {
-      this.opened ??= this.open()!((name) => {
-        for (const callback of this.callbacks) callback(name);
-      });
-      await this.opened;
+      await opened;
     } catch (error) {
       this.callbacks.delete(onWake);
-      this.opened = null;
+      // Only this attempt's: a later listener may have opened the channel again meanwhile.
+      if (this.opened === opened) this.opened = null;
       throw error;
     }
     return async () => {

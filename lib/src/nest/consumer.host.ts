@@ -111,12 +111,12 @@ export class SqlQueueConsumerHost implements OnModuleInit, OnApplicationBootstra
     }
   }
 
-  /** SQL Server's wake-ups from other processes: the Service Broker doorbell (broker.doorbell). */
   async onApplicationBootstrap(): Promise<void> {
     if (this.enabled && this.consumer) {
       await this.consumer.start();
       // Waiters in other processes ask for the jobs they wait for; this process's finishes answer.
-      if (this.consumer.queueNames.length > 0) await this.runtime.finishWatch.listen();
+      // Not awaited: it joins the readers' channel, and only waitFor's latency depends on it.
+      if (this.consumer.queueNames.length > 0) void this.runtime.finishWatch.listen({ consuming: true });
     }
     // In a producer-only process too: the initiator side ends the dialogs that targets end.
     await this.runtime.broker?.start();

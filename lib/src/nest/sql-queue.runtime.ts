@@ -73,9 +73,11 @@ export class SqlQueueRuntime {
         ? new RemoteWaker(this.wakeTarget, options.wakeups.intervalMs, logger)
         : null;
     this.wakeChannel = new WakeChannel(() => this.channelListen());
-    // Only NOTIFY reaches every process: a doorbell ring wakes a single listener.
+    // Only NOTIFY reaches every process: a doorbell ring wakes a single listener. PGlite is one
+    // process: its in-process wake-up says it all.
+    const oneProcess = 'pglite' in options.connection;
     this.finishWatch = new FinishWatch({
-      broadcast: options.wakeups.enabled && store.notify ? (name) => store.notify!(name) : null,
+      broadcast: options.wakeups.enabled && store.notify && !oneProcess ? (name) => store.notify!(name) : null,
       listen: store.notify ? (this.wakeChannel.listen ?? null) : null,
       logger,
     });

@@ -34,6 +34,13 @@ export interface JobContext {
    * Throws SqlQueueValidationError for any other value.
    */
   progress(value: number | object): void;
+  /**
+   * Postpones the job: whatever the handler then returns or throws, the job goes back to waiting
+   * for `ms` (an integer, 0 to 2^31 − 1), without counting an attempt, as when it throws
+   * `new SqlQueueRateLimitedError(ms)`. For a handler that met an outside limit (an HTTP 429).
+   * Throws SqlQueueValidationError for any other value. The last call wins.
+   */
+  rateLimited(ms: number): void;
 }
 
 /**

@@ -25,6 +25,8 @@ export interface HeldJob {
   canceled: boolean;
   /** The last progress its handler reported that is not written yet (JSON text), or null. */
   pendingProgress: string | null;
+  /** `context.rateLimited(ms)` was called: the job is given back for this long, whatever the handler does. */
+  postponeMs: number | null;
   shutdownAborted: boolean;
   /**
    * The rest of an ordered group's batch (same claim token), run after this job, in order, by
@@ -98,6 +100,7 @@ export class HeldJobs {
       timedOut: false,
       canceled: false,
       pendingProgress: null,
+      postponeMs: null,
       shutdownAborted: false,
       followers: [],
       recorded: null,

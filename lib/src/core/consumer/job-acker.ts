@@ -15,6 +15,8 @@ interface Pending {
   retried?: boolean;
   /** A completion's result, as JSON text. */
   result?: string | null;
+  /** A give-back that waits this long first (a rate-limited handler's postponement). */
+  delayMs?: number;
 }
 
 interface PendingFailure extends Pending {
@@ -81,6 +83,12 @@ export class JobAcker {
   /** cancel() reached a held job: its attempt is recorded as canceled (token-checked), with the failures. */
   cancel(held: HeldJob, error: SqlQueueCanceledError): void {
     this.failures.push({ held, giveUpAt: this.giveUpAt(), error, delayMs: 0, dead: false, canceled: true });
+    this.schedule();
+  }
+
+  /** A rate-limited handler's job goes back to waiting for `delayMs`, its attempt given back. */
+  postpone(held: HeldJob, delayMs: number): void {
+    this.releases.push({ held, giveUpAt: this.giveUpAt(), delayMs });
     this.schedule();
   }
 
@@ -278,14 +286,24 @@ export class JobAcker {
   private async flushReleases(items: Pending[]): Promise<boolean> {
     if (items.length === 0) return true;
     const results = await this.send(items, this.releases, 'giving back jobs', () =>
-      this.deps.store.release(owned(items)),
+      this.deps.store.release(
+        items.map(({ held, delayMs }) => ({
+          id: held.job.id,
+          claimToken: held.job.claimToken,
+          ...(delayMs === undefined ? {} : { delayMs }),
+        })),
+      ),
     );
     if (!results) return false;
     const outcomes = new Map(results.map((r) => [r.id, r.outcome]));
-    for (const { held, retried } of items) {
+    for (const { held, retried, delayMs } of items) {
       // A give-back has no 'already' answer: after a failed try, 'lost' most likely means the
       // first try committed. Either way the job is not this worker's, so nothing is counted.
-      if ((outcomes.get(held.job.id) ?? 'lost') === 'lost' && !retried) this.reportLost(held, 'release');
+      const outcome = outcomes.get(held.job.id) ?? 'lost';
+      if (outcome === 'lost' && !retried) this.reportLost(held, 'release');
+      if (outcome !== 'lost' && delayMs !== undefined) {
+        safeEmit(this.deps.listeners, 'rateLimited', { queue: held.job.queue, jobId: held.job.id, delayMs });
+      }
       this.onSettled(held, false);
     }
     return true;
@@ -334,10 +352,6 @@ export class JobAcker {
     );
     safeEmit(this.deps.listeners, 'lostOwnership', { queue: job.queue, jobId: job.id, during, outcome: 'lost' });
   }
-}
-
-function owned(items: readonly Pending[]): { id: string; claimToken: string }[] {
-  return items.map(({ held }) => ({ id: held.job.id, claimToken: held.job.claimToken }));
 }
 
 function errorMessage(error: unknown): string {

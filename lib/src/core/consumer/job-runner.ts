@@ -1,5 +1,10 @@
 import { parseScheduleJobKey } from '../schedules/index.js';
-import { SqlQueueUnrecoverableError, type SqlQueueCanceledError } from '../errors.js';
+import {
+  assertRetryAfterMs,
+  SqlQueueRateLimitedError,
+  SqlQueueUnrecoverableError,
+  type SqlQueueCanceledError,
+} from '../errors.js';
 import { safeEmit } from '../events.js';
 import type { ResolvedQueueOptions } from '../options.js';
 import type { QueueTracer } from '../tracing.js';
@@ -117,6 +122,9 @@ export class JobRunner {
       },
       extendLease: (ms) => this.leases.extend(held, ms),
       progress: (value) => this.leases.reportProgress(held, value),
+      rateLimited: (ms) => {
+        held.postponeMs = assertRetryAfterMs(ms);
+      },
     };
     const execution = this.execute(held, context);
     this.jobs.running.set(held, execution);
@@ -170,6 +178,16 @@ export class JobRunner {
     // A canceled job's outcome is its cancellation, already on its way: a late success or failure
     // of its handler changes nothing (the token is void once the cancellation is recorded).
     if (held.canceled) return 'ended';
+    // A handler that met an outside limit: back to waiting, its attempt given back (as a
+    // give-back is), so the rest of its group batch goes back with it. Not after a timeout,
+    // which was already recorded as this attempt's failure.
+    const postponeMs =
+      held.postponeMs ??
+      (!outcome.ok && outcome.error instanceof SqlQueueRateLimitedError ? outcome.error.retryAfterMs : null);
+    if (postponeMs !== null && !held.timedOut) {
+      this.acker.postpone(held, postponeMs);
+      return 'released';
+    }
     if (outcome.ok) {
       this.acker.complete(held, outcome.result);
       return held.lost ? 'ended' : 'completed';

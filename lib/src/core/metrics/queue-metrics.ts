@@ -131,6 +131,8 @@ export interface QueueEventFigures {
   abandoned: number;
   /** Jobs this process held that cancel() ended (their handlers were aborted). */
   canceled: number;
+  /** Jobs postponed by their handlers (SqlQueueRateLimitedError, `context.rateLimited()`). */
+  rateLimited: number;
   /** Ordered groups this process's repair sweep found inconsistent and fixed (should stay 0). */
   groupRepairs: number;
   /** Readers started by the activation rule (work waiting, readers busy), and readers retired. */
@@ -179,6 +181,7 @@ export class QueueEventMetrics implements QueueEventListener {
       lostOwnership: { heartbeat: 0, complete: 0, fail: 0, release: 0 },
       abandoned: 0,
       canceled: 0,
+      rateLimited: 0,
       groupRepairs: 0,
       readerActivations: 0,
       readerRetirements: 0,
@@ -221,6 +224,10 @@ export class QueueEventMetrics implements QueueEventListener {
 
   canceled(event: { queue: string }): void {
     this.of(event.queue).canceled++;
+  }
+
+  rateLimited(event: { queue: string }): void {
+    this.of(event.queue).rateLimited++;
   }
 
   groupRepaired(event: { queue: string }): void {

@@ -1,6 +1,6 @@
 import type { QueueEventListener } from '../events.js';
 import type { QueueLogger } from '../logger.js';
-import { withTimeout } from '../timeout.js';
+import { settleWithin, withTimeout } from '../timeout.js';
 import type { WakeListen } from '../wake.js';
 
 /** A waiter's ask: consumers note these job ids. '!' is in no queue name, so older instances ignore it. */
@@ -15,6 +15,8 @@ const MAX_NOTED = 100_000;
 /** PostgreSQL refuses a NOTIFY payload of 8000 bytes or more; ids are at most 19 digits. */
 const MAX_PAYLOAD_CHARS = 7_000;
 const SEND_TIMEOUT_MS = 5_000;
+/** How long shutdown waits for the channel to open or close (a half-open socket must not hold it). */
+const CLOSE_TIMEOUT_MS = 5_000;
 
 export interface FinishWatchDeps {
   /**
@@ -29,9 +31,13 @@ export interface FinishWatchDeps {
   now?: () => number;
 }
 
-/** What waitFor() holds while it waits: `live` when other processes' finishes reach it. */
+/** What waitFor() holds while it waits. */
 export interface FinishWatcher {
-  live: boolean;
+  /**
+   * True once its ask went out and this process has heard an answer from another process (so
+   * consumers there do answer): waitFor then polls less often.
+   */
+  readonly live: boolean;
   /** Asks the consumers again (they forget an ask after ASK_TTL_MS). */
   askAgain(): void;
   stop(): void;
@@ -54,6 +60,10 @@ export class FinishWatch implements QueueEventListener {
   private listening: Promise<boolean> | null = null;
   private stopListening: (() => Promise<void>) | null = null;
   private closed = false;
+  /** Asks are noted only where jobs are finished: in a process whose readers run. */
+  private consuming = false;
+  /** An answer from another process was heard: consumers elsewhere answer asks. */
+  private answered = false;
   private readonly now: () => number;
 
   constructor(private readonly deps: FinishWatchDeps) {
@@ -66,29 +76,51 @@ export class FinishWatch implements QueueEventListener {
   /** The channel callback: asks and answers from other processes (other names are not ours). */
   readonly receive = (name: string): void => {
     if (name.startsWith(ASK_PREFIX)) {
+      if (!this.consuming) return;
       const until = this.now() + ASK_TTL_MS;
       for (const id of idsOf(name, ASK_PREFIX)) this.note(id, until);
     } else if (name.startsWith(ANSWER_PREFIX)) {
-      for (const id of idsOf(name, ANSWER_PREFIX)) this.wakeLocal(id);
+      for (const id of idsOf(name, ANSWER_PREFIX)) {
+        if (this.waiters.has(id)) this.answered = true;
+        this.wakeLocal(id);
+      }
     }
   };
 
-  /** Starts watching a job: `onFinish` may be called more than once, and for a job that did not finish. */
-  async watch(id: string, onFinish: () => void): Promise<FinishWatcher> {
+  /**
+   * Starts watching a job: `onFinish` may be called more than once, and for a job that did not
+   * finish (a re-read is cheap). Returns at once: the ask goes out once this process listens
+   * (so the answer cannot come before), and `onFinish` is called when it has, for a re-read that
+   * covers a finish the ask came too late for.
+   */
+  watch(id: string, onFinish: () => void): FinishWatcher {
     let set = this.waiters.get(id);
     if (!set) this.waiters.set(id, (set = new Set()));
     set.add(onFinish);
-    const stop = () => {
-      set.delete(onFinish);
-      if (set.size === 0 && this.waiters.get(id) === set) this.waiters.delete(id);
+    let asked = false;
+    let stopped = false;
+    const ask = () => {
+      if (stopped || !this.asks) return;
+      void this.listen().then(async (listening) => {
+        if (!listening || stopped) return;
+        await this.asks!.add(id);
+        asked = true;
+        if (!stopped) onFinish();
+      });
     };
-    // The ask goes out once this process listens, so the answer cannot come before.
-    const live = this.asks !== null && (await this.listen());
-    const askAgain = () => {
-      if (live) this.asks!.add(id);
+    ask();
+    const answered = () => this.answered;
+    return {
+      get live() {
+        return asked && answered();
+      },
+      askAgain: ask,
+      stop: () => {
+        stopped = true;
+        set.delete(onFinish);
+        if (set.size === 0 && this.waiters.get(id) === set) this.waiters.delete(id);
+      },
     };
-    askAgain();
-    return { live, askAgain, stop };
   }
 
   /** A job reached a final state here: wake its waiters here, and answer waiters elsewhere that asked. */
@@ -115,18 +147,26 @@ export class FinishWatch implements QueueEventListener {
     this.closed = true;
     this.asks?.close();
     this.answers?.close();
+    // A listen still opening closes itself when it lands (see listen()); wait for it, bounded.
+    if (this.listening) await settleWithin(this.listening, CLOSE_TIMEOUT_MS);
     const stop = this.stopListening;
     this.stopListening = null;
-    await stop?.().catch(() => undefined);
+    if (stop)
+      await settleWithin(
+        stop().catch(() => undefined),
+        CLOSE_TIMEOUT_MS,
+      );
   }
 
   /**
-   * Hears asks and answers from now on (a consumer process calls it when its readers start; a
-   * waiter's first watch() does). Once for the process's life: the connection is the one its
-   * readers share, and a process that waited once is likely to wait again.
+   * Hears asks and answers from now on: a consumer process calls it with `consuming` when its
+   * readers start (it notes asks from then on); a waiter's first watch() calls it too. Once for
+   * the process's life: the connection is the one its readers share, and a process that waited
+   * once is likely to wait again.
    */
-  listen(): Promise<boolean> {
-    if (!this.asks) return Promise.resolve(false);
+  listen({ consuming = false }: { consuming?: boolean } = {}): Promise<boolean> {
+    if (consuming) this.consuming = true;
+    if (!this.asks || this.closed) return Promise.resolve(false);
     this.listening ??= (async () => {
       try {
         const stop = await this.deps.listen!(this.receive);
@@ -147,9 +187,9 @@ export class FinishWatch implements QueueEventListener {
   }
 
   private note(id: string, until: number): void {
+    // Kept in ask order, so in expiry order: the expired (and, past the cap, the oldest) lead.
     this.noted.delete(id);
     this.noted.set(id, until);
-    if (this.noted.size <= MAX_NOTED) return;
     const now = this.now();
     for (const [noted, expires] of this.noted) {
       if (this.noted.size <= MAX_NOTED && expires > now) break;
@@ -168,6 +208,8 @@ function idsOf(name: string, prefix: string): string[] {
 /** Sends ids as `prefix` + comma-separated ids: one notification in flight, the ids added meanwhile in the next. */
 class IdAnnouncer {
   private readonly pending = new Set<string>();
+  /** Who waits for the notification that carries an id. */
+  private readonly sent = new Map<string, (() => void)[]>();
   private sending = false;
   private closed = false;
 
@@ -177,15 +219,24 @@ class IdAnnouncer {
     private readonly logger: QueueLogger,
   ) {}
 
-  add(id: string): void {
-    if (this.closed) return;
+  /** Resolves once the notification that carries `id` was sent (or failed, or was dropped). */
+  add(id: string): Promise<void> {
+    if (this.closed) return Promise.resolve();
     this.pending.add(id);
+    const done = new Promise<void>((resolve) => {
+      const list = this.sent.get(id);
+      if (list) list.push(resolve);
+      else this.sent.set(id, [resolve]);
+    });
     if (!this.sending) void this.flush();
+    return done;
   }
 
   close(): void {
     this.closed = true;
     this.pending.clear();
+    for (const list of this.sent.values()) for (const resolve of list) resolve();
+    this.sent.clear();
   }
 
   private async flush(): Promise<void> {
@@ -206,6 +257,10 @@ class IdAnnouncer {
       } catch (error) {
         // Only a hint: waiters poll for what a lost notification would have told them.
         this.logger.debug?.(`waitFor wake-up failed: ${(error as Error).message}`);
+      }
+      for (const id of ids) {
+        for (const resolve of this.sent.get(id) ?? []) resolve();
+        this.sent.delete(id);
       }
     }
     this.sending = false;

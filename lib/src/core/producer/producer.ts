@@ -28,11 +28,11 @@ import { ENQUEUE_OPTION_KEYS, prepareJob, withTraceContext } from './job-validat
 import { ASK_AGAIN_MS, type FinishWatch } from './finish-watch.js';
 import { cancelWakeName, type RemoteWaker, type WakeBus } from '../wake.js';
 
-/** The states a job ends in. */
-/** waitFor's polling: from 25 ms doubling to 1 s, or 5 s while finishes elsewhere wake it. */
+/** waitFor's polling: from 25 ms doubling to 1 s, or 5 s once consumers elsewhere answer its asks. */
 const WAIT_POLL_MIN_MS = 25;
 const WAIT_POLL_MAX_MS = 1_000;
 const WAIT_POLL_MAX_LIVE_MS = 5_000;
+/** The states a job ends in. */
 const FINISHED: ReadonlySet<JobRecord['state']> = new Set(['done', 'dead', 'canceled']);
 
 /** Most job ids one cancelMany takes (one statement). */
@@ -299,15 +299,18 @@ export class QueueProducerCore {
     if (FINISHED.has(first.state)) return first;
     let signaled: boolean;
     let wakeUp: (() => void) | null = null;
-    const watcher = await this.settings.finishWatch?.watch(id, () => {
+    const watcher = this.settings.finishWatch?.watch(id, () => {
       signaled = true;
       wakeUp?.();
     });
     try {
-      const longestPauseMs = watcher?.live ? WAIT_POLL_MAX_LIVE_MS : WAIT_POLL_MAX_MS;
       let askedAt = Date.now();
-      for (let pauseMs = WAIT_POLL_MIN_MS; ; pauseMs = Math.min(pauseMs * 2, longestPauseMs)) {
-        // Read again right after asking: the job may have finished before the ask went out.
+      for (
+        let pauseMs = WAIT_POLL_MIN_MS;
+        ;
+        pauseMs = Math.min(pauseMs * 2, watcher?.live ? WAIT_POLL_MAX_LIVE_MS : WAIT_POLL_MAX_MS)
+      ) {
+        // Read at once after watching (the job may have finished meanwhile) and whenever woken.
         signaled = false;
         const job = await this.readForWait(id);
         if (FINISHED.has(job.state)) return job;

@@ -462,6 +462,13 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
       collect: fromFigures((c, p) => c.inc({ queue: p.queue }, p.canceled)),
     });
     new Counter({
+      name: this.name('jobs_rate_limited_total'),
+      help: 'Jobs whose handlers in this process met an outside limit (SqlQueueRateLimitedError, context.rateLimited()) and were postponed without counting an attempt.',
+      labelNames: queueLabel,
+      registers,
+      collect: fromFigures((c, p) => c.inc({ queue: p.queue }, p.rateLimited)),
+    });
+    new Counter({
       name: this.name('group_repairs_total'),
       help: "Ordered groups whose cached state this process's repair sweep found inconsistent with their jobs and fixed. Should stay 0: each one is a bug or a manual edit.",
       labelNames: queueLabel,

@@ -1,4 +1,13 @@
-import { cancelAck, claim, complete, fail, hasClaimableWork, heartbeat, release } from './queries/claim.queries.js';
+import {
+  cancelAck,
+  claim,
+  complete,
+  fail,
+  hasClaimableWork,
+  heartbeat,
+  postpone,
+  release,
+} from './queries/claim.queries.js';
 import {
   enqueueMany,
   enqueueManyGrouped,
@@ -93,6 +102,7 @@ const STATEMENTS = {
   complete,
   fail,
   release,
+  postpone,
   reap,
   hasClaimableWork,
   stats,

@@ -37,6 +37,7 @@ import type {
   JobSummary,
   NewJob,
   OwnedJob,
+  ReleaseItem,
   OwnershipOutcome,
   QueueHealth,
   QueueHealthRequest,
@@ -378,6 +379,13 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
 
   private async failStatement(name: 'fail' | 'cancelAck', items: readonly FailItem[]): Promise<FailResult[]> {
     if (items.length === 0) return [];
+    const rows = await this.run<{ Id: string; Outcome: OwnershipOutcome; State: FailResult['state'] }>(name, (r) =>
+      r.input('items', this.failureTable(items)),
+    );
+    return rows.map((row) => ({ id: row.Id, outcome: row.Outcome, state: row.State ?? null }));
+  }
+
+  private failureTable(items: readonly FailItem[]): sql.Table {
     const table = new sql.Table(`${this.schema}.${MSSQL_TABLE_TYPES.failure}`);
     table.columns.add('Id', sql.BigInt, { nullable: false });
     table.columns.add('Token', sql.UniqueIdentifier, { nullable: false });
@@ -397,18 +405,37 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
         item.workerId,
       );
     }
-    const rows = await this.run<{ Id: string; Outcome: OwnershipOutcome; State: FailResult['state'] }>(name, (r) =>
-      r.input('items', table),
-    );
-    return rows.map((row) => ({ id: row.Id, outcome: row.Outcome, state: row.State ?? null }));
+    return table;
   }
 
-  async release(items: readonly OwnedJob[]): Promise<CompleteResult[]> {
-    if (items.length === 0) return [];
-    const rows = await this.run<{ Id: string; Outcome: OwnershipOutcome }>('release', (r) =>
-      r.input('items', this.ownedTable(items)),
-    );
-    return rows.map((row) => ({ id: row.Id, outcome: row.Outcome }));
+  /** Give-backs, and postponements (a statement of their own: OwnedJobList has no delay column). */
+  async release(items: readonly ReleaseItem[]): Promise<CompleteResult[]> {
+    const postponed = items.filter((item) => (item.delayMs ?? 0) > 0);
+    const given = items.filter((item) => (item.delayMs ?? 0) <= 0);
+    const results: CompleteResult[] = [];
+    if (given.length > 0) {
+      const rows = await this.run<{ Id: string; Outcome: OwnershipOutcome }>('release', (r) =>
+        r.input('items', this.ownedTable(given)),
+      );
+      results.push(...rows.map((row) => ({ id: row.Id, outcome: row.Outcome })));
+    }
+    if (postponed.length > 0) {
+      const table = this.failureTable(
+        postponed.map((item) => ({
+          ...item,
+          error: '',
+          stack: null,
+          retryDelayMs: item.delayMs!,
+          dead: false,
+          workerId: '',
+        })),
+      );
+      const rows = await this.run<{ Id: string; Outcome: OwnershipOutcome }>('postpone', (r) =>
+        r.input('items', table),
+      );
+      results.push(...rows.map((row) => ({ id: row.Id, outcome: row.Outcome })));
+    }
+    return results;
   }
 
   async reap(batchSize: number): Promise<ReapedJob[]> {

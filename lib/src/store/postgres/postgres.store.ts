@@ -36,7 +36,7 @@ import type {
   ListedJobState,
   JobSummary,
   NewJob,
-  OwnedJob,
+  ReleaseItem,
   OwnershipOutcome,
   QueueHealth,
   QueueHealthRequest,
@@ -359,10 +359,10 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
     return rows.map((row) => ({ id: row.id, outcome: row.outcome, state: row.state ?? null }));
   }
 
-  async release(items: readonly OwnedJob[]): Promise<CompleteResult[]> {
+  async release(items: readonly ReleaseItem[]): Promise<CompleteResult[]> {
     if (items.length === 0) return [];
     const rows = await this.run<{ id: string; outcome: OwnershipOutcome } & Emptied>(null, 'release', [
-      ownedJson(items),
+      JSON.stringify(items.map((item) => ({ id: item.id, token: item.claimToken, delay_ms: item.delayMs ?? 0 }))),
     ]);
     this.settle(rows[0]?.emptied_groups);
     return rows.map((row) => ({ id: row.id, outcome: row.outcome }));
@@ -1036,10 +1036,6 @@ function groupHeads(jobs: readonly NewJob[], results: readonly EnqueueResult[]):
         : [],
     ),
   );
-}
-
-function ownedJson(items: readonly OwnedJob[]): string {
-  return JSON.stringify(items.map((item) => ({ id: item.id, token: item.claimToken })));
 }
 
 function toJobRecord(row: Row): JobRecord {

@@ -381,9 +381,28 @@ FROM @items AS i LEFT JOIN @failed AS f ON f.[Id] = i.[Id];`;
 // grouped job's group is settled as after a completion (released once no job of the batch
 // is leased, headed by its lowest unfinished job: the released one comes next).
 export function release(t: MssqlTables): string {
+  return giveBack(t, false);
+}
+
+// @items FailureList (its DelayMs; a table type cannot grow a column, and this one has it): jobs
+// their handlers postponed (a rate limit met outside): given back as release does, the attempt
+// not counted, but delayed for DelayMs; the claim promotes them once due, and a group waits.
+export function postpone(t: MssqlTables): string {
+  return giveBack(t, true);
+}
+
+function giveBack(t: MssqlTables, postponed: boolean): string {
   const { jobs, groups } = t;
+  const state = postponed
+    ? "CASE WHEN j.[CancelRequestedAt] IS NOT NULL THEN 'canceled' WHEN i.[DelayMs] > 0 THEN 'delayed' ELSE 'ready' END"
+    : backOrCanceled('j');
+  const runAt = postponed
+    ? `
+      [RunAt] = CASE WHEN j.[CancelRequestedAt] IS NULL AND i.[DelayMs] > 0
+                     THEN DATEADD(millisecond, i.[DelayMs], SYSUTCDATETIME()) ELSE j.[RunAt] END,`
+    : '';
   return `${MSSQL_STORE_SESSION}${movedJobsTable('@released')}${TOUCHED_GROUPS}${atomically(`  UPDATE j
-  SET [State] = ${backOrCanceled('j')}, [FinishedAt] = ${canceledNow('j')},
+  SET [State] = ${state},${runAt} [FinishedAt] = ${canceledNow('j')},
       [Attempts] = CASE WHEN j.[Attempts] > 0 THEN j.[Attempts] - 1 ELSE 0 END, [ClaimToken] = NULL,
       [LeaseUntil] = NULL, [ClaimedAt] = NULL, [WorkerId] = NULL
   OUTPUT inserted.[Id], inserted.[Queue], inserted.[GroupKey], deleted.[ClaimToken]

@@ -243,14 +243,19 @@ SELECT input.id::text AS id, failed.state,
 FROM input LEFT JOIN failed ON failed.id = input.id`;
 }
 
-// $1 jsonb [{id, token}]: leased but never started; the claim's attempt is given back.
+// $1 jsonb [{id, token, delay_ms}]: the claim's attempt is given back. Leased but never started
+// (delay_ms 0 or absent): ready at once, in its old place. Postponed by its handler (delay_ms > 0):
+// delayed until then; the claim promotes it once due, and its group waits for it.
 export function release(t: PgTables): string {
   const { jobs } = t;
   return `WITH input AS (
-  SELECT * FROM jsonb_to_recordset($1::jsonb) AS i(id bigint, token uuid)
+  SELECT * FROM jsonb_to_recordset($1::jsonb) AS i(id bigint, token uuid, delay_ms float8)
 ), released AS (
   UPDATE ${jobs} AS j
-  SET state = ${backOrCanceled('j')}, finished_at = ${canceledNow('j')},
+  SET state = ${backOrCanceled('j', "CASE WHEN i.delay_ms > 0 THEN 'delayed' ELSE 'ready' END")},
+      run_at = CASE WHEN j.cancel_requested_at IS NULL AND i.delay_ms > 0
+                    THEN now() + i.delay_ms * interval '1 millisecond' ELSE j.run_at END,
+      finished_at = ${canceledNow('j')},
       attempts = GREATEST(j.attempts - 1, 0), claim_token = NULL, lease_until = NULL, claimed_at = NULL, worker_id = NULL
   FROM input i
   WHERE j.id = i.id AND j.claim_token = i.token AND j.state = 'leased'
