@@ -14,6 +14,7 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { PG_URL, POSTGRES, type Result, type Target } from './common.js';
 import { drainCase } from './cases/drain.js';
 import { enqueueCase } from './cases/enqueue.js';
+import { flowCase } from './cases/flow.js';
 import { groupsCase } from './cases/groups.js';
 import { growthCase } from './cases/growth.js';
 import { idleCase } from './cases/idle.js';
@@ -40,6 +41,7 @@ const cases: [string, () => Promise<Result[]>][] = [
         ['drain', () => drainCase(mssql, scale)],
       ] as [string, () => Promise<Result[]>][])
     : []),
+  ['flow', () => flowCase(POSTGRES, scale)],
   ['latency', () => latencyCase(PG_URL, quick ? 5 : 20)],
   ['growth', () => growthCase(PG_URL, quick ? 200_000 : 1_000_000, Math.round(20_000 * scale))],
   ['idle', () => idleCase(PG_URL, quick ? 10 : 30)],

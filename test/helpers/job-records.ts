@@ -8,6 +8,7 @@ export function deadJobRecord(fields: Partial<JobRecord> & Pick<JobRecord, 'id' 
     runAt: new Date(0),
     groupKey: null,
     idempotencyKey: null,
+    concurrencyKey: null,
     attempts: 5,
     maxAttempts: 5,
     claimToken: null,

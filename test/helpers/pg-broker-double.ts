@@ -330,6 +330,7 @@ CREATE TABLE IF NOT EXISTS ${this.s}.sb_ended (handle uuid NOT NULL, by_move boo
           runAt: null,
           delayMs: 0,
           groupKey: m.group,
+          concurrencyKey: null,
           idempotencyKey: null,
           maxAttempts: null,
           defaultMaxAttempts: maxAttempts,

@@ -3,9 +3,10 @@ import { expect, it } from 'vitest';
 import { prepareJob } from '../../lib/src/core/producer/job-validation.js';
 import { createPostgresStore } from '../../lib/src/store/postgres/postgres.connect.js';
 import { dropPgSchema, PG_URL, sql, uniqueSchema } from '../helpers/databases.js';
-import { describeStoreContract } from './store-contract.js';
+import { describeStoreContract, type StoreTarget } from './store-contract.js';
+import { describeFlowContract } from './store-flow-contract.js';
 
-describeStoreContract({
+const target: StoreTarget = {
   name: 'postgres',
   concurrentSessions: true,
   scale: 1,
@@ -31,7 +32,9 @@ describeStoreContract({
       version,
     ]);
   },
-});
+};
+describeStoreContract(target);
+describeFlowContract(target);
 
 it('postgres: a uniform batch over the JSON-document bound (64M characters) is stored whole and in order', async () => {
   const schema = uniqueSchema('pgbulklarge');

@@ -183,9 +183,9 @@ FROM generate_series(1, 1439) AS m, generate_series(1, 20) AS q`,
     return [...new Set(indexes)].sort();
   }
 
-  it('ready jobs: the claim index, then the group index; the summary by primary key', async () => {
+  it('ready jobs: the claim index and the keyed one, then the group index; the summary by primary key', async () => {
     for (const plan of await listingPlans('plan.q1', 'ready', 50)) {
-      expect(jobIndexes(plan)).toEqual(['jobs_claim_ix', 'jobs_group_ix', 'jobs_pk']);
+      expect(jobIndexes(plan)).toEqual(['jobs_claim_ix', 'jobs_group_ix', 'jobs_key_ready_ix', 'jobs_pk']);
     }
     // A page in the grouped part.
     let cursor: string | null = null;
@@ -195,7 +195,7 @@ FROM generate_series(1, 1439) AS m, generate_series(1, 20) AS q`,
       if (page.jobs.at(-1)?.groupKey) break;
     }
     const plan = await planOf(() => store.listJobs({ queue: 'plan.q1', state: 'ready', limit: 50, cursor }));
-    expect(jobIndexes(plan)).toEqual(['jobs_claim_ix', 'jobs_group_ix', 'jobs_pk']);
+    expect(jobIndexes(plan)).toEqual(['jobs_claim_ix', 'jobs_group_ix', 'jobs_key_ready_ix', 'jobs_pk']);
   });
 
   it('delayed jobs: the delayed index, then the group index', async () => {

@@ -66,11 +66,11 @@ describe('nestjs-sql-queue sql', () => {
   });
 
   it('--from the latest version prints no migration but a valid, repeatable script', async () => {
-    expect(PG_LATEST_VERSION).toBe(10);
+    expect(PG_LATEST_VERSION).toBe(11);
     expect(MSSQL_LATEST_VERSION).toBe(14);
-    const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', '10');
+    const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', String(PG_LATEST_VERSION));
     expect(pg.code).toBe(0);
-    expect(pg.stdout).toBe(pgInstallScript('demo', 10));
+    expect(pg.stdout).toBe(pgInstallScript('demo', PG_LATEST_VERSION));
     expect(pg.stdout).not.toContain('INSERT INTO');
     expect(pg.stdout).not.toContain('CREATE TABLE "demo".jobs');
     expect(pg.stdout).toContain('BEGIN;');

@@ -55,6 +55,7 @@ function firing(row: ScheduleRow): ScheduleFiring {
         runAt: null,
         delayMs: 0,
         groupKey: null,
+        concurrencyKey: null,
         idempotencyKey: `schedule:${row.id}:${row.nextRunAt!.toISOString()}`,
         maxAttempts: null,
         defaultMaxAttempts: 3,

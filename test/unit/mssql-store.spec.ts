@@ -736,3 +736,23 @@ describe('MssqlQueueStore.close', () => {
     expect(sent).toEqual([]);
   });
 });
+
+describe('MssqlQueueStore: flow control is PostgreSQL-only in this release (issue 24)', () => {
+  it('refuses a concurrency key before sending anything, and limits when consumers record them', async () => {
+    const { store, sent } = scriptedStore(() => []);
+    const keyed = prepareJob(
+      'tenants',
+      {},
+      { concurrencyKey: 'acme' },
+      { maxPayloadBytes: 1024, defaultMaxAttempts: 3 },
+    );
+    await expect(store.enqueue([keyed])).rejects.toThrow(
+      /enqueue to 'tenants': concurrencyKey is not supported on SQL Server yet/,
+    );
+    const limits = { globalConcurrency: 2, concurrencyPerKey: null, rateLimit: null, rateLimitPerKey: null };
+    await expect(store.recordQueueSettings([{ queue: 'tenants', maxAttempts: 3, limits }])).rejects.toThrow(
+      /queue 'tenants': globalConcurrency, concurrencyPerKey, rateLimit and rateLimitPerKey are not supported on SQL Server yet/,
+    );
+    expect(sent).toEqual([]);
+  });
+});

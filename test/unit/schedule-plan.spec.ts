@@ -52,6 +52,7 @@ describe('planFirings: the normal single due tick', () => {
             runAt: null,
             delayMs: 0,
             groupKey: null,
+            concurrencyKey: null,
             idempotencyKey: 'schedule:tick:2026-05-01T10:00:00.000Z',
             maxAttempts: null,
             defaultMaxAttempts: 7,

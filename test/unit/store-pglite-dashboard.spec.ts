@@ -1,7 +1,8 @@
 import { PGlite } from '@electric-sql/pglite';
 import type { SqlQueuePGlite } from '../../lib/src/store/driver-shapes.js';
 import { createPostgresStore } from '../../lib/src/store/postgres/postgres.connect.js';
-import { describeStoreContract } from '../integration/store-contract.js';
+import { describeStoreContract, type StoreTarget } from '../integration/store-contract.js';
+import { describeFlowContract } from '../integration/store-flow-contract.js';
 
 /**
  * The store contract on PGlite, the embedded PostgreSQL a zero-setup app (and the sample app's
@@ -28,7 +29,7 @@ function session(): SqlQueuePGlite {
   };
 }
 
-describeStoreContract({
+const target: StoreTarget = {
   name: 'pglite',
   concurrentSessions: false,
   scale: 1,
@@ -61,4 +62,6 @@ describeStoreContract({
       version,
     ]);
   },
-});
+};
+describeStoreContract(target);
+describeFlowContract(target);

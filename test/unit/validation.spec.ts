@@ -21,6 +21,7 @@ describe('enqueue arguments are checked before any SQL runs', () => {
       runAt: null,
       delayMs: 0,
       groupKey: null,
+      concurrencyKey: null,
       idempotencyKey: null,
       // Not given: the enqueue statement takes the queue's recorded setting, else the default.
       maxAttempts: null,
@@ -79,6 +80,16 @@ describe('enqueue arguments are checked before any SQL runs', () => {
     ['a fractional delay', () => prepareJob('q', {}, { delayMs: 1.5 }, limits), /delayMs/],
     ['runAt and delayMs together', () => prepareJob('q', {}, { delayMs: 1, runAt: new Date() }, limits), /not both/],
     [
+      'a group key and a concurrency key together',
+      () => prepareJob('q', {}, { groupKey: 'g', concurrencyKey: 'k' }, limits),
+      /give groupKey or concurrencyKey, not both/,
+    ],
+    [
+      'an empty concurrency key',
+      () => prepareJob('q', {}, { concurrencyKey: '' }, limits),
+      /concurrencyKey must be a non-empty string/,
+    ],
+    [
       'an invalid date',
       () => prepareJob('q', {}, { runAt: new Date(Number.NaN) }, limits),
       /runAt must be a valid Date/,
@@ -130,7 +141,7 @@ describe('unknown enqueue options are refused before the database is touched', (
     const refused = producer.enqueue('emails', {}, { delay: 5 } as never);
     await expect(refused).rejects.toThrow(SqlQueueValidationError);
     await expect(refused).rejects.toThrow(
-      "enqueue to 'emails' options: unknown option 'delay' (did you mean 'delayMs'?); valid options: idempotencyKey, runAt, delayMs, priority, groupKey, maxAttempts, transaction",
+      "enqueue to 'emails' options: unknown option 'delay' (did you mean 'delayMs'?); valid options: idempotencyKey, runAt, delayMs, priority, groupKey, concurrencyKey, maxAttempts, transaction",
     );
     await expect(producer.enqueue('emails', {}, { max_attempts: 3 } as never)).rejects.toThrow(
       /unknown option 'max_attempts' \(did you mean 'maxAttempts'\?\)/,
@@ -246,10 +257,34 @@ describe('options fail at boot with the place and the rule', () => {
     [{ minReaders: 4, maxReaders: 2 }, /minReaders \(4\) is greater than maxReaders \(2\)/],
     [{ minPollMs: 500, maxPollMs: 100 }, /minPollMs \(500\) is greater than maxPollMs \(100\)/],
     [{ backoff: { type: 'fixed' } }, /backoff\.delayMs/],
+    [{ globalConcurrency: 0 }, /globalConcurrency must be an integer from 1/],
+    [{ concurrencyPerKey: 1.5 }, /concurrencyPerKey must be an integer from 1/],
+    [{ rateLimit: { max: 10 } }, /rateLimit must give both max and perMs/],
+    [{ rateLimit: { max: 20_000, perMs: 1_000 } }, /rateLimit\.max must be an integer from 1 to 10000/],
+    [{ rateLimitPerKey: { max: 5, perMs: 0 } }, /rateLimitPerKey\.perMs must be an integer from 1/],
+    [{ rateLimit: { max: 5, perMs: 1_000, burst: 2 } }, /rateLimit: unknown option 'burst'/],
+    [{ concurrencyPerKey: 2, groupBatchSize: 4 }, /groupBatchSize cannot be combined with flow limits/],
   ])('rejects %j', (options, message) => {
     expect(() => resolveQueueOptions('q', { handler: options as never }, consumer, "@QueueHandler('q') on X")).toThrow(
       message,
     );
+  });
+
+  it('flow limits: none by default; given ones resolve, and a limited queue prefetches nothing unless told', () => {
+    expect(resolveQueueOptions('q', {}, consumer).limits).toBeNull();
+    const limited = resolveQueueOptions(
+      'q',
+      { module: { concurrencyPerKey: 2, rateLimit: { max: 100, perMs: 1_000 } }, handler: { globalConcurrency: 10 } },
+      consumer,
+    );
+    expect(limited.limits).toEqual({
+      globalConcurrency: 10,
+      concurrencyPerKey: 2,
+      rateLimit: { max: 100, perMs: 1_000 },
+      rateLimitPerKey: null,
+    });
+    expect(limited.prefetch).toBe(0);
+    expect(resolveQueueOptions('q', { handler: { globalConcurrency: 3, prefetch: 5 } }, consumer).prefetch).toBe(5);
   });
 
   it('checks the module map and module-level options', () => {

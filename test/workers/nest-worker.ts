@@ -17,7 +17,13 @@ import 'reflect-metadata';
 import { Injectable, Logger, Module } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { ScheduleModule } from '@nestjs/schedule';
-import { QueueHandler, SqlQueueModule, type JobContext, type QueueJobHandler } from '../../lib/src/index.js';
+import {
+  QueueHandler,
+  SqlQueueModule,
+  type JobContext,
+  type QueueJobHandler,
+  type QueueOptions,
+} from '../../lib/src/index.js';
 import { openEffectsReceiver } from './effects-receiver.js';
 import { LineLogger, releaseGate, send, workerModuleOptions, workerQueueOptions } from './worker-ipc.js';
 
@@ -56,6 +62,8 @@ export interface WorkerConfig {
   workerId?: string;
   /** Forward engine events (QueueEventListener) to the parent as { type: 'event', name, … }. */
   events?: boolean;
+  /** More queue options (flow limits, …), over the ones above. */
+  queueOptions?: QueueOptions;
 }
 
 /** What the parent sends to a 'gated' handler. */

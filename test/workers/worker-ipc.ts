@@ -80,6 +80,7 @@ export function workerQueueOptions(config: WorkerConfig, defaultMinReaders: numb
     ...(config.minPollMs ? { minPollMs: config.minPollMs } : {}),
     ...(config.maxPollMs ? { maxPollMs: config.maxPollMs } : {}),
     backoff: { type: 'fixed', delayMs: 50 },
+    ...config.queueOptions,
   };
 }
 

@@ -1,6 +1,6 @@
 import { retryDelayFor, type BackoffOption, type RetryDelay } from './backoff.js';
 import { SqlQueueConfigError } from './errors.js';
-import type { GroupOnDead } from './types.js';
+import type { FlowLimits, GroupOnDead, RateLimit } from './types.js';
 import {
   assertBoolean,
   assertInteger,
@@ -64,6 +64,20 @@ export interface QueueOptions {
    * half of it, the rest of the batch is given back).
    */
   groupBatchSize?: number;
+  /**
+   * Most jobs of this queue running at once across all instances (flow control; `maxReaders`
+   * is per process). Enforced by the claim in the database.
+   */
+  globalConcurrency?: number;
+  /**
+   * Most jobs of one `concurrencyKey` running at once across all instances; jobs of other keys
+   * are unaffected and claims take keys in turn.
+   */
+  concurrencyPerKey?: number;
+  /** Most job starts of this queue in any window of `perMs` (sliding window, database clock). */
+  rateLimit?: RateLimit;
+  /** Most job starts of one `concurrencyKey` in any window of `perMs`. */
+  rateLimitPerKey?: RateLimit;
 }
 
 export interface ConsumerOptions {
@@ -113,6 +127,8 @@ export interface ResolvedQueueOptions {
   maxPollMs: number;
   groupOnDead: GroupOnDead;
   groupBatchSize: number;
+  /** The queue's flow limits, or null for none (the claim then takes no flow lock). */
+  limits: FlowLimits | null;
 }
 
 export interface ResolvedConsumerOptions {
@@ -152,7 +168,37 @@ export const QUEUE_OPTION_KEYS: readonly (keyof QueueOptions)[] = [
   'maxPollMs',
   'groupOnDead',
   'groupBatchSize',
+  'globalConcurrency',
+  'concurrencyPerKey',
+  'rateLimit',
+  'rateLimitPerKey',
 ];
+
+/** The most starts a rate limit's window may hold: the claim keeps each one's time. */
+export const RATE_LIMIT_MAX = 10_000;
+
+function assertRateLimit(where: string, raw: unknown): RateLimit {
+  const value = assertOptionGroup(where, raw as RateLimit | undefined, ['max', 'perMs']);
+  if (value.max === undefined || value.perMs === undefined) {
+    throw new SqlQueueConfigError(`${where} must give both max and perMs, e.g. { max: 100, perMs: 1000 }`);
+  }
+  return {
+    max: assertInteger(`${where}.max`, value.max, 1, RATE_LIMIT_MAX),
+    perMs: assertInteger(`${where}.perMs`, value.perMs, 1, DAY_MS),
+  };
+}
+
+/** The flow limits of validated options, or null when none is set. */
+function flowLimitsOf(o: QueueOptions, where: string): FlowLimits | null {
+  const limits: FlowLimits = {
+    globalConcurrency: o.globalConcurrency ?? null,
+    concurrencyPerKey: o.concurrencyPerKey ?? null,
+    rateLimit: o.rateLimit === undefined ? null : assertRateLimit(`${where}.rateLimit`, o.rateLimit),
+    rateLimitPerKey:
+      o.rateLimitPerKey === undefined ? null : assertRateLimit(`${where}.rateLimitPerKey`, o.rateLimitPerKey),
+  };
+  return Object.values(limits).every((value) => value === null) ? null : limits;
+}
 
 export function resolveConsumerOptions(raw: ConsumerOptions | undefined): ResolvedConsumerOptions {
   const where = 'consumer';
@@ -240,6 +286,9 @@ export function validateQueueOptions(where: string, raw: unknown): QueueOptions 
   check('minPollMs', 1, 60_000);
   check('maxPollMs', 1, 300_000);
   check('groupBatchSize', 1, 1_000);
+  check('globalConcurrency', 1, 100_000);
+  check('concurrencyPerKey', 1, 100_000);
+  flowLimitsOf(o, where);
   if (o.groupOnDead !== undefined && o.groupOnDead !== 'continue' && o.groupOnDead !== 'block') {
     throw new SqlQueueConfigError(`${where}.groupOnDead must be 'continue' or 'block', got ${describe(o.groupOnDead)}`);
   }
@@ -272,6 +321,12 @@ export function resolveQueueOptions(
   if (minPollMs > maxPollMs) {
     throw new SqlQueueConfigError(`${where}: minPollMs (${minPollMs}) is greater than maxPollMs (${maxPollMs})`);
   }
+  const limits = flowLimitsOf(merged, where);
+  if (limits && (merged.groupBatchSize ?? 1) > 1) {
+    throw new SqlQueueConfigError(
+      `${where}: groupBatchSize cannot be combined with flow limits (a batch would start several jobs as one)`,
+    );
+  }
   const leaseMs = merged.leaseMs ?? 30_000;
   const maxDurationMs = merged.maxDurationMs === undefined ? 3_600_000 : merged.maxDurationMs;
   return {
@@ -279,7 +334,9 @@ export function resolveQueueOptions(
     minReaders,
     maxReaders,
     batchSize: merged.batchSize ?? DEFAULT_BATCH_SIZE,
-    prefetch: merged.prefetch ?? 'auto',
+    // A prefetched job is leased: under a limit it would hold a slot (or a start) while it waits
+    // in memory, so limited queues claim for free readers only unless told otherwise.
+    prefetch: merged.prefetch ?? (limits ? 0 : 'auto'),
     leaseMs,
     maxDurationMs,
     maxAttempts: merged.maxAttempts ?? DEFAULT_MAX_ATTEMPTS,
@@ -288,6 +345,7 @@ export function resolveQueueOptions(
     maxPollMs,
     groupOnDead: merged.groupOnDead ?? 'continue',
     groupBatchSize: merged.groupBatchSize ?? 1,
+    limits,
   };
 }
 

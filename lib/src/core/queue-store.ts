@@ -136,6 +136,13 @@ export interface QueueStore extends ScheduleStore {
   /** Cheap probe: is there at least one due job that no one holds? Never waits on open transactions. */
   hasClaimableWork(queue: string): Promise<boolean>;
 
+  /**
+   * After an empty claim: how soon a claim of the queue may find work the store held back (its
+   * rate window full, by the last claim's reading), or null when it cannot tell. Readers wait
+   * no longer than this.
+   */
+  claimRetryHintMs?(queue: string): number | null;
+
   stats(queue: string): Promise<QueueStats>;
 
   /**

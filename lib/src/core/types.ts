@@ -35,6 +35,14 @@ export interface EnqueueOptions {
    */
   groupKey?: string;
   /**
+   * Flow control key (a tenant, a customer, an API account): with the queue's
+   * `concurrencyPerKey` at most that many jobs of one key run at once across all instances, with
+   * `rateLimitPerKey` at most that many start per window, and claims take keys in turn, so one
+   * key's backlog does not hold the others back. Not combined with `groupKey` (an ordered group
+   * already runs one job at a time). PostgreSQL only in this release.
+   */
+  concurrencyKey?: string;
+  /**
    * Attempts before the job is dead. Default: what the queue's consumers recorded at boot (their
    * handler's), else this process's options for the queue (25 if none).
    */
@@ -52,6 +60,8 @@ export interface NewJob {
   delayMs: number;
   groupKey: string | null;
   idempotencyKey: string | null;
+  /** EnqueueOptions.concurrencyKey, or null. */
+  concurrencyKey: string | null;
   /**
    * The enqueue call's own `maxAttempts`, or null: then the statement takes the queue's recorded
    * setting (written by its consumers at boot), else `defaultMaxAttempts`.
@@ -82,6 +92,29 @@ export interface QueueSetting {
   maxAttempts: number;
   /** Default 'continue'. */
   groupOnDead?: GroupOnDead;
+  /** The queue's flow limits; absent or null: none. */
+  limits?: FlowLimits | null;
+}
+
+/** At most `max` job starts in any window of `perMs` milliseconds (database clock). */
+export interface RateLimit {
+  max: number;
+  perMs: number;
+}
+
+/**
+ * A queue's flow limits (issue 24), enforced in the database by the claim, so they hold across
+ * every instance. Null fields: no such limit.
+ */
+export interface FlowLimits {
+  /** Most jobs of the queue leased at once, across all instances. */
+  globalConcurrency: number | null;
+  /** Most jobs of one concurrency key leased at once, across all instances. */
+  concurrencyPerKey: number | null;
+  /** Most job starts of the queue in any window. */
+  rateLimit: RateLimit | null;
+  /** Most job starts of one concurrency key in any window. */
+  rateLimitPerKey: RateLimit | null;
 }
 
 export interface EnqueueResult {
@@ -125,6 +158,12 @@ export interface ClaimRequest {
   leaseMs: number;
   /** Identifies the worker in the job row and attempt history (host:pid:…); diagnostic only. */
   workerId: string;
+  /**
+   * This instance applies flow limits to the queue: the claim takes the queue's flow lock and
+   * applies the limits its consumers recorded (QueueSetting.limits). Default false; a queue
+   * with concurrency keys is claimed through the flow path anyway (keys are taken in turn).
+   */
+  limited?: boolean;
 }
 
 export interface OwnedJob {
@@ -309,6 +348,8 @@ export interface JobRecord {
   runAt: Date;
   groupKey: string | null;
   idempotencyKey: string | null;
+  /** EnqueueOptions.concurrencyKey, or null. */
+  concurrencyKey: string | null;
   attempts: number;
   maxAttempts: number;
   claimToken: string | null;
@@ -411,7 +452,14 @@ export const JOB_PREVIEW_CHARS = 200;
 /** A job as listed: its record without the payload, last error and token, with short previews. */
 export interface JobSummary extends Omit<
   JobRecord,
-  'payload' | 'claimToken' | 'lastError' | 'cancelRequestedAt' | 'cancelReason' | 'result' | 'progress'
+  | 'payload'
+  | 'claimToken'
+  | 'lastError'
+  | 'cancelRequestedAt'
+  | 'cancelReason'
+  | 'result'
+  | 'progress'
+  | 'concurrencyKey'
 > {
   /** The first `JOB_PREVIEW_CHARS` characters of the payload's JSON text. */
   payloadPreview: string;

@@ -139,7 +139,7 @@ export function settingsByQueue(settings: readonly QueueSetting[]): Required<Que
         `queue '${queue}' groupOnDead must be 'continue' or 'block', got ${describe(groupOnDead)}`,
       );
     }
-    byQueue.set(queue, { queue, maxAttempts, groupOnDead });
+    byQueue.set(queue, { queue, maxAttempts, groupOnDead, limits: setting.limits ?? null });
   }
   return [...byQueue.keys()].sort().map((queue) => byQueue.get(queue)!);
 }

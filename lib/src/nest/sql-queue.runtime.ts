@@ -141,11 +141,12 @@ export class SqlQueueRuntime {
    */
   async recordQueueSettings(queues: readonly QueueSetting[]): Promise<void> {
     if (!this.options.consumer.enabled) return;
-    const signature = (setting: QueueSetting) => `${setting.maxAttempts}/${setting.groupOnDead ?? 'continue'}`;
+    const signature = (setting: QueueSetting) =>
+      `${setting.maxAttempts}/${setting.groupOnDead ?? 'continue'}/${JSON.stringify(setting.limits ?? null)}`;
     const changed = queues.filter((queue) => this.recorded.get(queue.queue) !== signature(queue));
     if (changed.length === 0) return;
     await this.store.recordQueueSettings(
-      changed.map(({ queue, maxAttempts, groupOnDead }) => ({ queue, maxAttempts, groupOnDead })),
+      changed.map(({ queue, maxAttempts, groupOnDead, limits }) => ({ queue, maxAttempts, groupOnDead, limits })),
     );
     for (const setting of changed) this.recorded.set(setting.queue, signature(setting));
   }

@@ -141,6 +141,7 @@ export class ClaimLoop {
           leaseMs: this.options.leaseMs,
           workerId: this.deps.workerId,
           groupBatchSize: this.options.groupBatchSize,
+          limited: this.options.limits !== null,
         }),
       );
       this.errors.succeeded();
@@ -169,7 +170,10 @@ export class ClaimLoop {
       }
       safeEmit(this.deps.listeners, 'emptyClaim', { queue: this.options.queue });
       this.host.emptyClaim();
-      await this.pause(this.pollBackoff.next());
+      // A full rate window frees at a known time: the next claim goes then, not a poll later.
+      const hint = this.deps.store.claimRetryHintMs?.(this.options.queue) ?? null;
+      const backoff = this.pollBackoff.next();
+      await this.pause(hint === null ? backoff : Math.min(backoff, Math.max(hint, this.options.minPollMs)));
       return;
     }
     safeEmit(this.deps.listeners, 'claimed', {

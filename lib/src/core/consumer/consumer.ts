@@ -28,6 +28,14 @@ export function defaultWorkerId(): string {
   return `${hostname()}:${process.pid}:${randomBytes(3).toString('hex')}`;
 }
 
+/** null as none; a group of options (the flow limits) as its set fields, e.g. {concurrencyPerKey: 2}. */
+function describeOptionValue(value: unknown): string {
+  if (value === null) return 'none';
+  if (typeof value !== 'object') return String(value);
+  const set = Object.entries(value as Record<string, unknown>).filter(([, field]) => field !== null);
+  return `{${set.map(([name, field]) => `${name}: ${typeof field === 'object' ? JSON.stringify(field) : String(field)}`).join(', ')}}`;
+}
+
 /**
  * The effective options a queue runs with, as `name=value` pairs named like the options a user
  * writes (the backoff function is left out).
@@ -35,7 +43,7 @@ export function defaultWorkerId(): string {
 function describeQueueOptions(options: ResolvedQueueOptions): string {
   return Object.entries(options)
     .filter(([name, value]) => name !== 'queue' && typeof value !== 'function')
-    .map(([name, value]) => `${name}=${value === null ? 'none' : String(value)}`)
+    .map(([name, value]) => `${name}=${describeOptionValue(value)}`)
     .join(', ');
 }
 

@@ -14,6 +14,7 @@ const ENQUEUE_OPTIONS: Record<keyof EnqueueOptions, true> = {
   delayMs: true,
   priority: true,
   groupKey: true,
+  concurrencyKey: true,
   maxAttempts: true,
 };
 export const ENQUEUE_OPTION_KEYS = Object.keys(ENQUEUE_OPTIONS) as readonly (keyof EnqueueOptions)[];
@@ -70,13 +71,21 @@ export function prepareJob(
           MAX_ATTEMPTS_LIMIT,
           SqlQueueValidationError,
         );
+  const groupKey = optionalKey('groupKey', opts.groupKey, queue, at);
+  const concurrencyKey = optionalKey('concurrencyKey', opts.concurrencyKey, queue, at);
+  if (groupKey !== null && concurrencyKey !== null) {
+    throw new SqlQueueValidationError(
+      `enqueue to '${queue}'${at}: give groupKey or concurrencyKey, not both (an ordered group already runs one job at a time)`,
+    );
+  }
   return {
     queue,
     payload: json,
     priority,
     runAt,
     delayMs,
-    groupKey: optionalKey('groupKey', opts.groupKey, queue, at),
+    groupKey,
+    concurrencyKey,
     idempotencyKey: callerIdempotencyKey(opts.idempotencyKey, queue, at),
     maxAttempts,
     defaultMaxAttempts: limits.defaultMaxAttempts,

@@ -125,6 +125,7 @@ function tickJob(row: ScheduleRow, jobOptions: ScheduleJobOptions, tick: Date, o
     runAt: null,
     delayMs: 0,
     groupKey: jobOptions.groupKey ?? null,
+    concurrencyKey: null,
     idempotencyKey: scheduleJobKey(row.id, tick),
     maxAttempts: jobOptions.maxAttempts ?? null,
     defaultMaxAttempts: options.defaultMaxAttemptsFor(row.queue),

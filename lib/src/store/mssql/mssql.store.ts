@@ -1,5 +1,10 @@
 import sql from 'mssql';
-import { SqlQueueError, SqlQueueTransactionError, SqlQueueValidationError } from '../../core/errors.js';
+import {
+  SqlQueueConfigError,
+  SqlQueueError,
+  SqlQueueTransactionError,
+  SqlQueueValidationError,
+} from '../../core/errors.js';
 import {
   checkJobListRequest,
   encodeJobListCursor,
@@ -219,6 +224,12 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
    */
   async enqueue(jobs: readonly NewJob[], transaction?: unknown): Promise<EnqueueResult[]> {
     if (jobs.length === 0) return [];
+    const keyedJob = jobs.find((job) => job.concurrencyKey !== null);
+    if (keyedJob) {
+      throw new SqlQueueValidationError(
+        `enqueue to '${keyedJob.queue}': concurrencyKey is not supported on SQL Server yet (flow control runs on PostgreSQL in this release); enqueue without it`,
+      );
+    }
     const callerTransaction = transaction === undefined ? null : asCallerTransaction(transaction);
     const keyed = jobs.some((job) => job.idempotencyKey !== null);
     // Jobs without a group key keep the statements they always had (and their cost).
@@ -274,6 +285,12 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
 
   /** One autocommit upsert per queue, in queue order; boot-time only, so a few round trips. */
   async recordQueueSettings(settings: readonly QueueSetting[]): Promise<void> {
+    const limited = settings.find((setting) => setting.limits);
+    if (limited) {
+      throw new SqlQueueConfigError(
+        `queue '${limited.queue}': globalConcurrency, concurrencyPerKey, rateLimit and rateLimitPerKey are not supported on SQL Server yet (flow control runs on PostgreSQL in this release); remove them`,
+      );
+    }
     for (const setting of settingsByQueue(settings)) {
       await this.run('recordQueueSetting', (request) =>
         request
@@ -1014,6 +1031,7 @@ function toJobRecord(row: Row): JobRecord {
     claimToken: row.ClaimToken ? (row.ClaimToken as string).toLowerCase() : null,
     lastError: (row.LastError as string | null) ?? null,
     cancelRequestedAt: (row.CancelRequestedAt as Date | null) ?? null,
+    concurrencyKey: null,
     cancelReason: (row.CancelReason as string | null) ?? null,
     result: row.Result === null || row.Result === undefined ? null : JSON.parse(row.Result as string),
     progress: row.Progress === null || row.Progress === undefined ? null : JSON.parse(row.Progress as string),

@@ -50,6 +50,7 @@ import {
   pauseQueue,
   resumeQueue,
 } from './queries/control.queries.js';
+import { flowBudget, flowLease, flowLock, flowLockCreate, flowRecordStarts } from './queries/flow.queries.js';
 import { pgTables, type PgTables } from './queries/tables.js';
 
 // The dialect's statements by capability live in queries/; this file is their index.
@@ -81,6 +82,11 @@ const STATEMENTS = {
   recordQueueSettings,
   findByIdempotencyKeys,
   claim,
+  flowLock,
+  flowLockCreate,
+  flowBudget,
+  flowLease,
+  flowRecordStarts,
   heartbeat,
   complete,
   fail,

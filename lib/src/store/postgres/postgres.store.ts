@@ -112,6 +112,10 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
   /** Emptied groups to settle, and the loop settling them. */
   private readonly toSettle = new Map<string, GroupRef>();
   private settlingNow: Promise<void> | null = null;
+  /** Queues seen holding keyed jobs: their claims take the flow path from then on. */
+  private readonly keyedQueues = new Set<string>();
+  /** Queues whose rate window was full at their last claim: when its oldest start leaves it (local ms). */
+  private readonly rateFreeAt = new Map<string, number>();
   private closed = false;
   private rowSweep: SweepCursor = null;
   private orphanSweep: SweepCursor = null;
@@ -225,7 +229,7 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
 
   private async enqueueOne(job: NewJob, client: PgQueryable | null): Promise<EnqueueResult> {
     for (let round = 0; round < IDEMPOTENT_ENQUEUE_ROUNDS; round++) {
-      const rows = await this.run<{ id: string }>(client, 'enqueueOne', newJobValues(job));
+      const rows = await this.run<{ id: string }>(client, 'enqueueOne', [...newJobValues(job), job.concurrencyKey]);
       if (rows[0]) return { jobId: rows[0].id, created: true };
       const results: (EnqueueResult | undefined)[] = [undefined];
       await this.resolveExisting([{ job, ord: 0 }], results, client);
@@ -239,6 +243,12 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
       queue: setting.queue,
       max_attempts: setting.maxAttempts,
       group_on_dead: setting.groupOnDead ?? 'continue',
+      global_concurrency: setting.limits?.globalConcurrency ?? null,
+      concurrency_per_key: setting.limits?.concurrencyPerKey ?? null,
+      rate_max: setting.limits?.rateLimit?.max ?? null,
+      rate_per_ms: setting.limits?.rateLimit?.perMs ?? null,
+      key_rate_max: setting.limits?.rateLimitPerKey?.max ?? null,
+      key_rate_per_ms: setting.limits?.rateLimitPerKey?.perMs ?? null,
     }));
     if (rows.length > 0) await this.run(null, 'recordQueueSettings', [JSON.stringify(rows)]);
   }
@@ -269,28 +279,83 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
   }
 
   async claim(request: ClaimRequest): Promise<ClaimedJob[]> {
-    const rows = await this.run<Row>(null, 'claim', [
-      request.queue,
-      request.limit,
-      request.leaseMs,
-      request.workerId,
-      request.groupBatchSize ?? 1,
-    ]);
-    return rows.map((row) => ({
-      id: row.id as string,
-      queue: request.queue,
-      payload: row.payload,
-      priority: Number(row.priority),
-      groupKey: (row.group_key as string | null) ?? null,
-      idempotencyKey: (row.idempotency_key as string | null) ?? null,
-      attempt: Number(row.attempts),
-      maxAttempts: Number(row.max_attempts),
-      claimToken: row.claim_token as string,
-      enqueuedAt: new Date(row.created_ms as number),
-      claimedAt: new Date(row.claimed_ms as number),
-      leaseUntil: new Date(row.lease_until_ms as number),
-      traceContext: (row.trace_context as string | null) ?? null,
-    }));
+    if (request.limited || this.keyedQueues.has(request.queue)) return this.flowClaim(request);
+    const rows = await this.run<Row>(null, 'claim', this.claimParams(request, request.limit, null));
+    const claimed = toClaimedJobs(request.queue, rows);
+    if (claimed.length === rows.length) return claimed;
+    // The statement's marker row: the queue holds keyed jobs, which only the flow claim takes.
+    this.keyedQueues.add(request.queue);
+    const more =
+      claimed.length < request.limit ? await this.flowClaim({ ...request, limit: request.limit - claimed.length }) : [];
+    return [...claimed, ...more];
+  }
+
+  claimRetryHintMs(queue: string): number | null {
+    const at = this.rateFreeAt.get(queue);
+    return at === undefined ? null : Math.max(0, at - Date.now());
+  }
+
+  private claimParams(request: ClaimRequest, limit: number, at: Date | null): unknown[] {
+    return [request.queue, limit, request.leaseMs, request.workerId, request.groupBatchSize ?? 1, at];
+  }
+
+  /**
+   * The claim of a queue with flow limits or concurrency keys (flow.queries.ts): one transaction
+   * holding the queue's flow lock, so that the counts it leases against are exact.
+   */
+  private async flowClaim(request: ClaimRequest): Promise<ClaimedJob[]> {
+    const { queue } = request;
+    return this.driver.transaction(async (client) => {
+      if ((await this.run(client, 'flowLock', [queue])).length === 0) {
+        await this.run(client, 'flowLockCreate', [queue]);
+        await this.run(client, 'flowLock', [queue]);
+      }
+      const [budget] = await this.run<FlowBudgetRow>(client, 'flowBudget', [queue]);
+      if (!budget || budget.paused) return [];
+      let room = request.limit;
+      if (budget.global_concurrency !== null) room = Math.min(room, budget.global_concurrency - (budget.running ?? 0));
+      this.rateFreeAt.delete(queue);
+      if (budget.rate_max !== null && budget.rate_max - (budget.recent_starts ?? 0) <= 0) {
+        this.rateFreeAt.set(queue, Date.now() + Math.max(0, budget.rate_free_in_ms ?? 0));
+        return [];
+      }
+      if (budget.rate_max !== null) room = Math.min(room, budget.rate_max - (budget.recent_starts ?? 0));
+      if (room <= 0) return [];
+      // Jobs without a key (and ordered groups) are one more lane in the turn: all the room when
+      // no keyed job waits, else one job a claim, as a key gets in a round.
+      const claimPlain = async (limit: number) =>
+        toClaimedJobs(queue, await this.run<Row>(client, 'claim', this.claimParams(request, limit, budget.at)));
+      const share = budget.keyed_work ? 1 : room;
+      const plain = budget.plain_work ? await claimPlain(share) : [];
+      const left = room - plain.length;
+      const perMs = budget.rate_per_ms;
+      if (!budget.keyed_work || left <= 0) {
+        if (perMs !== null && plain.length > 0) {
+          await this.run(client, 'flowRecordStarts', [queue, budget.at, plain.length, perMs]);
+        }
+        return plain;
+      }
+      const keyed = await this.run<Row>(client, 'flowLease', [
+        queue,
+        left,
+        request.leaseMs,
+        request.workerId,
+        budget.at,
+        Math.min(left + FLOW_KEYS_AHEAD, FLOW_KEYS_MAX),
+        budget.concurrency_per_key,
+        budget.key_rate_max,
+        budget.key_rate_per_ms,
+        plain.length,
+        perMs,
+      ]);
+      // Room the keys could not use (at their limits, or too few) goes back to the jobs without one.
+      const unused = left - keyed.length;
+      const more = unused > 0 && plain.length === share ? await claimPlain(unused) : [];
+      if (perMs !== null && more.length > 0) {
+        await this.run(client, 'flowRecordStarts', [queue, budget.at, more.length, perMs]);
+      }
+      return [...plain, ...toClaimedJobs(queue, keyed), ...more];
+    });
   }
 
   async heartbeat(items: readonly HeartbeatItem[]): Promise<HeartbeatResult[]> {
@@ -935,6 +1000,7 @@ function uniformParams(jobs: readonly NewJob[]): unknown[] | null {
       (job.runAt?.getTime() ?? null) !== runAt ||
       job.delayMs !== first.delayMs ||
       job.groupKey !== first.groupKey ||
+      job.concurrencyKey !== first.concurrencyKey ||
       job.maxAttempts !== first.maxAttempts ||
       job.defaultMaxAttempts !== first.defaultMaxAttempts ||
       (job.traceContext ?? null) !== traceContext
@@ -952,6 +1018,7 @@ function uniformParams(jobs: readonly NewJob[]): unknown[] | null {
     first.maxAttempts,
     first.defaultMaxAttempts,
     traceContext,
+    first.concurrencyKey,
   ];
 }
 
@@ -975,6 +1042,7 @@ function enqueueManyParams(jobs: readonly NewJob[]): unknown[] {
     jobs.map((job) => job.maxAttempts),
     jobs.map((job) => job.defaultMaxAttempts),
     jobs.map((job) => job.traceContext ?? null),
+    jobs.map((job) => job.concurrencyKey),
   ];
 }
 
@@ -1038,6 +1106,51 @@ function groupHeads(jobs: readonly NewJob[], results: readonly EnqueueResult[]):
   );
 }
 
+/** Claimed rows as jobs; the plain claim's marker row (no id) is left out. */
+function toClaimedJobs(queue: string, rows: readonly Row[]): ClaimedJob[] {
+  return rows
+    .filter((row) => row.id !== null)
+    .map((row) => ({
+      id: row.id as string,
+      queue,
+      payload: row.payload,
+      priority: Number(row.priority),
+      groupKey: (row.group_key as string | null) ?? null,
+      idempotencyKey: (row.idempotency_key as string | null) ?? null,
+      attempt: Number(row.attempts),
+      maxAttempts: Number(row.max_attempts),
+      claimToken: row.claim_token as string,
+      enqueuedAt: new Date(row.created_ms as number),
+      claimedAt: new Date(row.claimed_ms as number),
+      leaseUntil: new Date(row.lease_until_ms as number),
+      traceContext: (row.trace_context as string | null) ?? null,
+    }));
+}
+
+/** flowBudget's row: the recorded limits (null: none), the counts they apply to, the work waiting. */
+interface FlowBudgetRow {
+  at: Date;
+  global_concurrency: number | null;
+  concurrency_per_key: number | null;
+  rate_max: number | null;
+  rate_per_ms: number | null;
+  key_rate_max: number | null;
+  key_rate_per_ms: number | null;
+  running: number | null;
+  recent_starts: number | null;
+  rate_free_in_ms: number | null;
+  paused: boolean;
+  keyed_work: boolean;
+  plain_work: boolean;
+}
+
+/**
+ * Keys a flow claim looks at beyond its budget (some may be at their limit), and at most: each
+ * is one descent of jobs_key_ready_ix and one of jobs_key_leased_ix.
+ */
+const FLOW_KEYS_AHEAD = 16;
+const FLOW_KEYS_MAX = 1_000;
+
 function toJobRecord(row: Row): JobRecord {
   return {
     ...jobFields(row, COLUMNS),
@@ -1045,6 +1158,7 @@ function toJobRecord(row: Row): JobRecord {
     claimToken: (row.claim_token as string | null) ?? null,
     lastError: (row.last_error as string | null) ?? null,
     cancelRequestedAt: (row.cancel_requested_at as Date | null) ?? null,
+    concurrencyKey: (row.concurrency_key as string | null) ?? null,
     cancelReason: (row.cancel_reason as string | null) ?? null,
     result: row.result ?? null,
     progress: row.progress ?? null,

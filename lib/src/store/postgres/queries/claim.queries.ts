@@ -30,7 +30,10 @@ function canceledNow(j: string): string {
   return `CASE WHEN ${j}.cancel_requested_at IS NOT NULL THEN now() END`;
 }
 
-// $1 queue, $2 limit (units), $3 lease ms, $4 worker id, $5 group batch size.
+// $1 queue, $2 limit (units), $3 lease ms, $4 worker id, $5 group batch size, $6 the claim's time
+// (null: now(); a flow claim passes the time its rate window counts the starts at).
+// Jobs with a concurrency key are the flow claim's (flow.queries.ts): due delayed ones are
+// promoted here too, never leased.
 // Three ordered range reads, each stopping after $2 rows: the queue's due ungrouped ready rows
 // in claim order (jobs_claim_ix, which holds no delayed or grouped rows), its due ungrouped
 // delayed rows, oldest first (jobs_delayed_ix), and its claimable ordered groups
@@ -56,12 +59,13 @@ export function claim(t: PgTables): string {
   const { jobs, groups } = t;
   return `WITH due_ready AS MATERIALIZED (
   SELECT id, priority, run_at FROM ${jobs}
-  WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND run_at <= now() AND ${notPaused(t, '$1')}
+  WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND concurrency_key IS NULL AND run_at <= now()
+    AND ${notPaused(t, '$1')}
   ORDER BY priority DESC, run_at, id
   LIMIT $2
   FOR UPDATE SKIP LOCKED
 ), due_delayed AS MATERIALIZED (
-  SELECT id, priority, run_at FROM ${jobs}
+  SELECT id, priority, run_at, concurrency_key IS NOT NULL AS keyed FROM ${jobs}
   WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND run_at <= now() AND ${notPaused(t, '$1')}
   ORDER BY run_at, id
   LIMIT $2
@@ -84,7 +88,7 @@ export function claim(t: PgTables): string {
   -- Ready rows and groups that lose their place are left as they are (no new row version).
   SELECT id, kind, group_key, row_number() OVER (ORDER BY priority DESC, run_at, id) <= $2 AS lease
   FROM (SELECT id, priority, run_at, 'ready' AS kind, NULL::varchar AS group_key FROM due_ready
-        UNION ALL SELECT id, priority, run_at, 'delayed', NULL FROM due_delayed
+        UNION ALL SELECT id, priority, run_at, 'delayed', NULL FROM due_delayed WHERE NOT keyed
         UNION ALL SELECT id, priority, run_at, 'group', group_key FROM due_groups
         UNION ALL SELECT id, priority, run_at, 'waiting group', group_key FROM due_waiting_groups) AS due
 ), chosen_groups AS MATERIALIZED (
@@ -112,14 +116,17 @@ export function claim(t: PgTables): string {
   UNION ALL
   SELECT id, false, NULL FROM ranked WHERE kind = 'delayed' AND NOT lease
   UNION ALL
+  SELECT id, false, NULL FROM due_delayed WHERE keyed
+  UNION ALL
   SELECT id, true, token FROM members
 ), updated AS (
   UPDATE ${jobs} AS j
   SET state = CASE WHEN c.lease THEN 'leased' ELSE 'ready' END,
       claim_token = CASE WHEN c.lease THEN c.token ELSE j.claim_token END,
       attempts = CASE WHEN c.lease THEN j.attempts + 1 ELSE j.attempts END,
-      lease_until = CASE WHEN c.lease THEN now() + $3::float8 * interval '1 millisecond' ELSE j.lease_until END,
-      claimed_at = CASE WHEN c.lease THEN now() ELSE j.claimed_at END,
+      lease_until = CASE WHEN c.lease THEN COALESCE($6::timestamptz, now()) + $3::float8 * interval '1 millisecond'
+                         ELSE j.lease_until END,
+      claimed_at = CASE WHEN c.lease THEN COALESCE($6::timestamptz, now()) ELSE j.claimed_at END,
       worker_id = CASE WHEN c.lease THEN $4 ELSE j.worker_id END
   FROM candidates c
   WHERE j.id = c.id AND j.state IN ('ready', 'delayed')
@@ -146,7 +153,12 @@ SELECT id::text AS id, payload, priority, group_key, idempotency_key, attempts, 
        (extract(epoch FROM created_at) * 1000)::float8 AS created_ms,
        (extract(epoch FROM claimed_at) * 1000)::float8 AS claimed_ms,
        (extract(epoch FROM lease_until) * 1000)::float8 AS lease_until_ms, trace_context
-FROM updated WHERE lease`;
+FROM updated WHERE lease
+UNION ALL
+-- Keyed ready jobs are not this statement's (they wait in jobs_key_ready_ix, outside its scans):
+-- a row without an id says they exist, and the store takes the queue's flow claim from then on.
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+WHERE EXISTS (SELECT 1 FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND concurrency_key IS NOT NULL)`;
 }
 
 // $1 jsonb [{id, token, lease_ms, max_ms, progress}] (progress: JSON text reported since the last
@@ -247,7 +259,7 @@ FROM input LEFT JOIN failed ON failed.id = input.id`;
 // (delay_ms 0 or absent): ready at once, in its old place. Postponed by its handler (delay_ms > 0):
 // delayed until then; the claim promotes it once due, and its group waits for it.
 export function release(t: PgTables): string {
-  const { jobs } = t;
+  const { jobs, flowState, settings } = t;
   return `WITH input AS (
   SELECT * FROM jsonb_to_recordset($1::jsonb) AS i(id bigint, token uuid, delay_ms float8)
 ), released AS (
@@ -259,7 +271,17 @@ export function release(t: PgTables): string {
       attempts = GREATEST(j.attempts - 1, 0), claim_token = NULL, lease_until = NULL, claimed_at = NULL, worker_id = NULL
   FROM input i
   WHERE j.id = i.id AND j.claim_token = i.token AND j.state = 'leased'
-  RETURNING j.id, j.queue, j.group_key, i.token, j.state, j.run_at, j.priority, false AS block
+  RETURNING j.id, j.queue, j.group_key, i.token, j.state, j.run_at, j.priority, false AS block, j.concurrency_key
+), key_waits AS (
+  -- Under rateLimitPerKey a postponed job's whole key waits (the outside limit is the key's):
+  -- flow claims skip the key until then.
+  INSERT INTO ${flowState} AS f (queue, lane, blocked_until)
+  SELECT r.queue, r.concurrency_key, max(r.run_at) FROM released r
+  WHERE r.concurrency_key IS NOT NULL AND r.state = 'delayed'
+    AND EXISTS (SELECT 1 FROM ${settings} s WHERE s.queue = r.queue AND s.key_rate_max IS NOT NULL)
+  GROUP BY r.queue, r.concurrency_key
+  ORDER BY r.queue, r.concurrency_key
+  ON CONFLICT (queue, lane) DO UPDATE SET blocked_until = GREATEST(f.blocked_until, EXCLUDED.blocked_until)
 )${groupRelease(t, 'released')}
 SELECT input.id::text AS id, CASE WHEN released.id IS NOT NULL THEN 'ok' ELSE 'lost' END AS outcome,
   ${EMPTIED_GROUPS}
@@ -270,9 +292,12 @@ FROM input LEFT JOIN released ON released.id = input.id`;
 export function hasClaimableWork(t: PgTables): string {
   const { jobs, groups } = t;
   return `SELECT (EXISTS (
-  SELECT 1 FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND run_at <= now()
+  SELECT 1 FROM ${jobs}
+  WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND concurrency_key IS NULL AND run_at <= now()
 ) OR EXISTS (
   SELECT 1 FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND run_at <= now()
+) OR EXISTS (
+  SELECT 1 FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND concurrency_key IS NOT NULL
 ) OR EXISTS (
   SELECT 1 FROM ${groups}
   WHERE queue = $1 AND held_token IS NULL AND head_id IS NOT NULL AND NOT blocked AND NOT waiting

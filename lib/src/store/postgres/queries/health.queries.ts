@@ -5,7 +5,7 @@ import type { PgTables } from './tables.js';
 // job that is due but not promoted yet (no claim since) counts as ready: it is waiting. Ready
 // rows not due yet only exist if written by a version before 3 (the migration moved them).
 // Grouped jobs waiting behind their group's head count as ready or delayed by their run time,
-// as the ones a claim can take do.
+// as the ones a claim can take do; so do keyed jobs waiting for a slot (jobs_key_ready_ix).
 export function stats(t: PgTables): string {
   const { jobs, groups, pauses } = t;
   return `WITH grouped AS (
@@ -16,22 +16,27 @@ export function stats(t: PgTables): string {
   FROM ${jobs} WHERE queue = $1 AND group_key IS NOT NULL AND state IN ('ready', 'delayed', 'leased')
 )
 SELECT
-  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND run_at <= now())
+  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND concurrency_key IS NULL AND run_at <= now())
+  + (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND concurrency_key IS NOT NULL AND run_at <= now())
   + (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND run_at <= now())
   + (SELECT ready FROM grouped) AS ready,
   (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND run_at > now())
-  + (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND run_at > now())
+  + (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND concurrency_key IS NULL AND run_at > now())
+  + (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND concurrency_key IS NOT NULL AND run_at > now())
   + (SELECT delayed FROM grouped) AS delayed,
   (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'leased') AS leased,
   (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'leased' AND lease_until < now()) AS expired_leases,
   (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'dead') AS dead,
-  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND attempts > 0)
+  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND concurrency_key IS NULL AND attempts > 0)
+  + (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND concurrency_key IS NOT NULL AND attempts > 0)
   + (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND attempts > 0)
   + (SELECT retrying FROM grouped) AS retrying,
   (SELECT count(*)::int FROM ${groups} WHERE queue = $1 AND blocked) AS blocked_groups,
   EXISTS (SELECT 1 FROM ${pauses} WHERE queue = $1) AS paused,
   (SELECT floor(extract(epoch FROM now() - min(run_at)) * 1000)::float8 FROM (
-     (SELECT run_at FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND run_at <= now() ORDER BY run_at LIMIT 1)
+     (SELECT run_at FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND concurrency_key IS NULL AND run_at <= now() ORDER BY run_at LIMIT 1)
+     UNION ALL
+     (SELECT run_at FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND concurrency_key IS NOT NULL AND run_at <= now() ORDER BY run_at LIMIT 1)
      UNION ALL
      (SELECT run_at FROM ${jobs} WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND run_at <= now() ORDER BY run_at LIMIT 1)
      UNION ALL
@@ -92,7 +97,9 @@ export function queueHealth(t: PgTables): string {
          count(*) FILTER (WHERE attempts > 0) AS retrying,
          count(*) FILTER (WHERE attempts >= $2::int) AS repeated,
          min(run_at) FILTER (WHERE run_at <= now()) AS oldest_due
-  FROM (SELECT queue, run_at, attempts FROM ${jobs} WHERE state = 'ready' AND group_key IS NULL
+  FROM (SELECT queue, run_at, attempts FROM ${jobs} WHERE state = 'ready' AND group_key IS NULL AND concurrency_key IS NULL
+        UNION ALL
+        SELECT queue, run_at, attempts FROM ${jobs} WHERE state = 'ready' AND concurrency_key IS NOT NULL
         UNION ALL
         SELECT queue, run_at, attempts FROM ${jobs} WHERE state = 'delayed' AND group_key IS NULL
         UNION ALL

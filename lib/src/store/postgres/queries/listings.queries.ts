@@ -36,7 +36,8 @@ LIMIT $3`;
 // statement has one shape and no condition on which page it is.
 // $4 priority (bigint, so 2^31 stands before every job), $5 run_at, $6 id: the ungrouped
 // position; $7 group_key, $8 id: the grouped one. The ungrouped part is claim order on
-// jobs_claim_ix: the rest of the position's priority, then the lower priorities.
+// jobs_claim_ix: the rest of the position's priority, then the lower priorities. Keyed jobs
+// (jobs_key_ready_ix, in key order) join it sorted: a top-N sort over the queue's keyed ready rows.
 export function listReadyJobs(t: PgTables): string {
   const { jobs } = t;
   return readyOrDelayedPage(
@@ -44,12 +45,17 @@ export function listReadyJobs(t: PgTables): string {
     'ready',
     `SELECT id, 0 AS part, priority, run_at, NULL::varchar AS group_key FROM (
     (SELECT id, priority, run_at FROM ${jobs}
-     WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND priority = $4::bigint
+     WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND concurrency_key IS NULL AND priority = $4::bigint
        AND (run_at, id) > ($5::timestamptz, $6::bigint)
      ORDER BY run_at, id LIMIT $2)
     UNION ALL
     (SELECT id, priority, run_at FROM ${jobs}
-     WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND priority < $4::bigint
+     WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND concurrency_key IS NULL AND priority < $4::bigint
+     ORDER BY priority DESC, run_at, id LIMIT $2)
+    UNION ALL
+    (SELECT id, priority, run_at FROM ${jobs}
+     WHERE queue = $1 AND state = 'ready' AND concurrency_key IS NOT NULL
+       AND (priority < $4::bigint OR (priority = $4::bigint AND (run_at, id) > ($5::timestamptz, $6::bigint)))
      ORDER BY priority DESC, run_at, id LIMIT $2)
   ) AS u
   ORDER BY priority DESC, run_at, id LIMIT $2`,
@@ -129,7 +135,7 @@ ORDER BY p.id DESC`;
 
 const JOB_COLUMNS = `id::text AS id, queue, state, payload, priority, run_at, group_key, idempotency_key,
   attempts, max_attempts, claim_token::text AS claim_token, lease_until, worker_id, created_at,
-  claimed_at, finished_at, last_error, cancel_requested_at, cancel_reason, result, progress`;
+  claimed_at, finished_at, last_error, cancel_requested_at, cancel_reason, result, progress, concurrency_key`;
 
 /** A time as UTC ISO 8601 text to the microsecond (a listing cursor's position; a Date keeps ms). */
 const utcText = (column: string) => `to_char(${column} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`;

@@ -12,6 +12,7 @@ export interface PgTables {
   schedules: string;
   throughput: string;
   pauses: string;
+  flowState: string;
 }
 
 export function pgTables(schema: string): PgTables {
@@ -26,5 +27,6 @@ export function pgTables(schema: string): PgTables {
     schedules: `${s}.schedules`,
     throughput: `${s}.throughput`,
     pauses: `${s}.queue_pauses`,
+    flowState: `${s}.flow_state`,
   };
 }
