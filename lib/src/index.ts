@@ -76,6 +76,9 @@ export type {
   DeadJobPage,
   EnqueueOptions,
   EnqueueResult,
+  FlowKeyUsage,
+  FlowLimits,
+  FlowUsage,
   GroupOnDead,
   GroupRepair,
   JobId,
@@ -86,6 +89,7 @@ export type {
   QueueStats,
   QueueHealth,
   QueueHealthRequest,
+  RateLimit,
 } from './core/types.js';
 export {
   SqlQueueError,

@@ -19,6 +19,9 @@ import {
   type JobContext,
   type JobState,
   type QueueJobHandler,
+  type QueueStore,
+  SQL_QUEUE_RUNTIME,
+  type SqlQueueRuntime,
 } from '../../lib/src/index.js';
 import { CaptureLogger } from '../helpers/capture-logger.js';
 import {
@@ -110,6 +113,7 @@ interface RunningApp {
   /** Where the dashboard is: http://127.0.0.1:<port>/queues/ */
   dashboard: string;
   producer: QueueProducer;
+  store: QueueStore;
 }
 
 /** A Nest HTTP app on this file's schema: handlers (unless `consume` is false) and the dashboard. */
@@ -151,7 +155,12 @@ async function bootApp(options: {
   const app = await NestFactory.create(DashboardTestModule, { logger: new CaptureLogger(), abortOnError: false });
   await app.listen(0, '127.0.0.1');
   const { port } = (app.getHttpServer() as { address(): { port: number } }).address();
-  return { app, dashboard: `http://127.0.0.1:${port}/queues/`, producer: app.get(QueueProducer) };
+  return {
+    app,
+    dashboard: `http://127.0.0.1:${port}/queues/`,
+    producer: app.get(QueueProducer),
+    store: app.get<SqlQueueRuntime>(SQL_QUEUE_RUNTIME).store,
+  };
 }
 
 let main: RunningApp;
@@ -500,6 +509,24 @@ describe.skipIf(!browserTestsEnabled)('dashboard page in Chromium', () => {
       { what: 'the pause button back' },
     );
     expect((await main.producer.stats('reports')).paused).toBe(false);
+  });
+
+  it("shows a queue's flow limits and its busiest keys on its page", async () => {
+    const queue = 'tenant-exports';
+    await main.store.recordQueueSettings([
+      {
+        queue,
+        maxAttempts: 3,
+        limits: { globalConcurrency: null, concurrencyPerKey: 2, rateLimit: null, rateLimitPerKey: null },
+      },
+    ]);
+    for (const key of ['acme', 'acme', 'acme', 'globex'])
+      await main.producer.enqueue(queue, {}, { concurrencyKey: key });
+    await main.store.claim({ queue, limit: 10, leaseMs: 60_000, workerId: 'browser-test', limited: true });
+    await show(`#/queues/${queue}/ready`);
+    await waitForTestIdText(page, 'flow-facts', (t) => /Keys at their limit\s*1/.test(t));
+    expect(await page.getByTestId('flow-key-acme').innerText()).toMatch(/acme\s+2\s+1/);
+    expect(await page.getByTestId('flow-key-globex').innerText()).toMatch(/globex\s+1\s+0/);
   });
 
   it("shows a running job's progress live as its handler in another process reports it, and cancels it with Cancel", async () => {

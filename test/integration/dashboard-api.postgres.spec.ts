@@ -559,6 +559,42 @@ describe.each(['express', 'fastify'] as const)('dashboard over HTTP on %s', (ada
     expect(nul.status).toBe(400);
     expect((nul.body as { message: string }).message).toMatch(/^blocked groups: after contains U\+0000/);
   });
+
+  it('flow usage: the recorded limits, what runs, the keys at their limit and the busiest keys', async () => {
+    const queue = q('flow');
+    const limits = {
+      globalConcurrency: 10,
+      concurrencyPerKey: 1,
+      rateLimit: { max: 50, perMs: 1_000 },
+      rateLimitPerKey: null,
+    };
+    await dash.store.recordQueueSettings([{ queue, maxAttempts: 3, limits }]);
+    for (const key of [XSS, 'b', 'b', 'c']) await dash.producer.enqueue(queue, {}, { concurrencyKey: key });
+    const claimed = await dash.store.claim({
+      queue,
+      limit: 10,
+      leaseMs: 60_000,
+      workerId: 'test-worker',
+      limited: true,
+    });
+    expect(claimed).toHaveLength(3);
+    const reply = await dash.request(`/queues/api/queues/${queue}/flow?limit=2`);
+    expect(reply.status).toBe(200);
+    expect(reply.body).toEqual({
+      queue,
+      limits,
+      running: 3,
+      windowStarts: 3,
+      keysAtLimit: 1,
+      keys: [
+        { key: 'b', running: 1, waiting: 1 },
+        { key: XSS, running: 1, waiting: 0 },
+      ],
+    });
+    const unlimited = await dash.request(`/queues/api/queues/${q('work')}/flow`);
+    expect(unlimited.body).toMatchObject({ limits: null, windowStarts: null, keysAtLimit: null, keys: [] });
+    expect((await dash.request(`/queues/api/queues/${queue}/flow?limit=500`)).status).toBe(400);
+  });
 });
 
 describe.each(['express', 'fastify'] as const)(

@@ -212,6 +212,7 @@ import {
   type JobContext,
   type QueueJobHandler,
   type CancelResult,
+  type FlowUsage,
   type QueuePause,
   type SqlQueueConnection,
   type SqlQueueModuleOptions,
@@ -222,7 +223,11 @@ import { SqlQueueDashboardModule, type SqlQueueDashboardOptions } from '${NAME}/
 
 const pool = new pg.Pool({ connectionString: process.env.DATABASE_URL });
 const connection: SqlQueueConnection = { pool };
-const options: SqlQueueModuleOptions = { connection, schema: 'sqlqueue' };
+const options: SqlQueueModuleOptions = {
+  connection,
+  schema: 'sqlqueue',
+  queues: { exports: { concurrencyPerKey: 3, globalConcurrency: 20, rateLimit: { max: 100, perMs: 1_000 } } },
+};
 const dashboard: SqlQueueDashboardOptions = { guard: 'none', path: '/admin/queues', readOnly: true };
 
 interface Ping {
@@ -264,6 +269,11 @@ export class PingService {
       return job.state === 'done' ? job.result : job.cancelReason;
     }
     return canceled.state;
+  }
+
+  async exportFor(customerId: string): Promise<FlowUsage> {
+    await this.producer.enqueue('exports', { customerId }, { concurrencyKey: customerId });
+    return this.producer.flowUsage('exports', { top: 5 });
   }
 
   async pauseForMaintenance(): Promise<QueuePause[]> {

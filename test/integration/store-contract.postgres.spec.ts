@@ -59,3 +59,43 @@ it('postgres: a uniform batch over the JSON-document bound (64M characters) is s
     await dropPgSchema(schema);
   }
 }, 60_000);
+
+it('postgres: retention deletes the per-key rate rows of keys with no start in their window and no wait ahead', async () => {
+  const schema = uniqueSchema('pgflowclean');
+  const store = await createPostgresStore({ url: PG_URL, poolSize: 1 }, { schema });
+  try {
+    await store.migrate('auto');
+    const limits = {
+      globalConcurrency: null,
+      concurrencyPerKey: null,
+      rateLimit: null,
+      rateLimitPerKey: { max: 5, perMs: 1_000 },
+    };
+    await store.recordQueueSettings([{ queue: 'keyrate', maxAttempts: 3, limits }]);
+    const jobs = ['old', 'recent', 'waiting'].map((key) =>
+      prepareJob('keyrate', {}, { concurrencyKey: key }, { maxPayloadBytes: 1024, defaultMaxAttempts: 3 }),
+    );
+    await store.enqueue(jobs);
+    const claimed = await store.claim({ queue: 'keyrate', limit: 10, leaseMs: 60_000, workerId: 'w', limited: true });
+    expect(claimed).toHaveLength(3);
+    await sql(
+      PG_URL,
+      `UPDATE "${schema}".flow_state SET updated_at = now() - interval '2 minutes' WHERE lane IN ('old', 'waiting')`,
+    );
+    await sql(
+      PG_URL,
+      `UPDATE "${schema}".flow_state SET blocked_until = now() + interval '1 hour' WHERE lane = 'waiting'`,
+    );
+    await store.cleanup({
+      doneRetentionMs: 86_400_000,
+      deadRetentionMs: null,
+      idempotencyRetentionMs: 86_400_000,
+      batchSize: 100,
+    });
+    const lanes = await sql<{ lane: string }>(PG_URL, `SELECT lane FROM "${schema}".flow_state ORDER BY lane`);
+    expect(lanes.map((row) => row.lane)).toEqual(['', 'recent', 'waiting']);
+  } finally {
+    await store.close();
+    await dropPgSchema(schema);
+  }
+});

@@ -24,6 +24,7 @@ import type {
   QueueHealthRequest,
   QueuePause,
   QueueSetting,
+  FlowUsage,
   QueueStats,
   ReapedJob,
   ThroughputCount,
@@ -142,6 +143,12 @@ export interface QueueStore extends ScheduleStore {
    * no longer than this.
    */
   claimRetryHintMs?(queue: string): number | null;
+
+  /**
+   * The queue's flow limits and what they hold back now, with its `top` busiest keys. A store
+   * without flow control (SQL Server in this release) has none.
+   */
+  flowUsage?(queue: string, top: number): Promise<FlowUsage>;
 
   stats(queue: string): Promise<QueueStats>;
 

@@ -96,6 +96,28 @@ export interface QueueSetting {
   limits?: FlowLimits | null;
 }
 
+/** A concurrency key's share of its queue now: its leased (running) jobs and its waiting ones. */
+export interface FlowKeyUsage {
+  key: string;
+  running: number;
+  waiting: number;
+}
+
+/** What a queue's flow limits hold back now (`producer.flowUsage()`; the dashboard's queue page). */
+export interface FlowUsage {
+  queue: string;
+  /** The limits its consumers recorded, or null for none. */
+  limits: FlowLimits | null;
+  /** Jobs of the queue leased now (what `globalConcurrency` counts). */
+  running: number;
+  /** Starts in the current `rateLimit` window, or null without one. */
+  windowStarts: number | null;
+  /** Keys with waiting jobs whose running ones fill `concurrencyPerKey` (null without it). */
+  keysAtLimit: number | null;
+  /** The busiest keys: most running first, then most waiting. */
+  keys: FlowKeyUsage[];
+}
+
 /** At most `max` job starts in any window of `perMs` milliseconds (database clock). */
 export interface RateLimit {
   max: number;

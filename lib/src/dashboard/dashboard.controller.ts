@@ -114,6 +114,11 @@ export class DashboardControllerBase {
     return this.service.blockedGroups(queue, { after, limit });
   }
 
+  @Get('api/queues/:queue/flow')
+  flow(@Param('queue') queue: string, @Query('limit') limit: unknown) {
+    return this.service.flow(queue, { limit });
+  }
+
   @Get('api/schedules')
   schedules() {
     return this.service.schedules();

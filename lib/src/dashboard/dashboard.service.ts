@@ -8,6 +8,7 @@ import type { ScheduleRecord } from '../core/schedules/index.js';
 import type {
   AttemptRecord,
   BlockedGroupPage,
+  FlowUsage,
   CancelResult,
   JobId,
   JobListPage,
@@ -171,6 +172,11 @@ export class SqlQueueDashboardService implements OnModuleInit {
       afterKey:
         query.after === undefined || query.after === '' ? null : assertKeyText('blocked groups', 'after', query.after),
     });
+  }
+
+  /** A queue's flow limits, running jobs, rate window and its busiest keys (`limit` 1..100, default 10). */
+  flow(queue: unknown, query: { limit?: unknown }): Promise<FlowUsage> {
+    return this.parts.producer.flowUsage(queue as string, { top: intParam('limit', query.limit, 10, 1, 100) });
   }
 
   async schedules(): Promise<{ schedules: ScheduleRecord[] }> {

@@ -3,6 +3,7 @@ import type { EnqueueCallOptions, EnqueueItem } from '../core/producer/index.js'
 import type {
   AttemptRecord,
   BlockedGroupPage,
+  FlowUsage,
   CancelResult,
   DeadJobPage,
   EnqueueResult,
@@ -151,6 +152,15 @@ export class QueueProducer {
    */
   waitFor(jobId: JobId, options?: { timeoutMs?: number }): Promise<JobRecord> {
     return this.runtime.producer.waitFor(jobId, options);
+  }
+
+  /**
+   * A queue's flow limits and what they hold back now: running jobs, starts in the rate window,
+   * keys at their limit, and the `top` (default 10) busiest keys with their running and waiting
+   * jobs (see docs/flow-control.md).
+   */
+  flowUsage(queue: string, options?: { top?: number }): Promise<FlowUsage> {
+    return this.runtime.producer.flowUsage(queue, options);
   }
 
   /** Every paused queue, with its reason and when it was paused, by name. */

@@ -190,6 +190,32 @@ describe('flow control across 3 worker processes × 8 readers', () => {
     expect(inTenSeconds).toBeLessThanOrEqual(500);
   }, 90_000);
 
+  it('every key at its limit: the readers back off as on an empty queue (claims per second bounded by the poll backoff)', async () => {
+    const queue = 'flow-saturated';
+    await enqueue(
+      queue,
+      ['a', 'b', 'c'].map((key) => ({ key, count: 5 })),
+    );
+    // The README's defaults for polling (minPollMs 50, maxPollMs 2 s); handlers that never end.
+    const worker = await WorkerProcess.start({
+      url: PG_URL,
+      schema,
+      queue,
+      workerId: 'flow-saturated',
+      mode: 'hang',
+      maxReaders: 8,
+      events: true,
+      queueOptions: { concurrencyPerKey: 1 },
+    });
+    for (let n = 0; n < 3; n++) await worker.next((m) => m.type === 'started');
+    const before = worker.received('event', 'emptyClaim').length + worker.received('event', 'claimed').length;
+    await new Promise((resolve) => setTimeout(resolve, 6_000));
+    const claims = worker.received('event', 'emptyClaim').length + worker.received('event', 'claimed').length - before;
+    // 50 ms doubling to 2 s: at most 6 claims to reach the cap, then one every 2 s (jittered).
+    expect(claims).toBeLessThanOrEqual(12);
+    expect((await store.stats(queue)).leased).toBe(3);
+  }, 60_000);
+
   it('a crash while holding slots (SIGKILL): the slots come back with the lease, not later', async () => {
     const queue = 'flow-crash';
     await enqueue(queue, [{ key: 'k', count: 4 }]);

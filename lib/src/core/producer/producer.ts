@@ -9,6 +9,7 @@ import type {
   DeadJobPage,
   EnqueueOptions,
   EnqueueResult,
+  FlowUsage,
   JobId,
   JobRecord,
   NewJob,
@@ -364,6 +365,19 @@ export class QueueProducerCore {
       throw new SqlQueueValidationError(`listBlockedGroups afterKey must be a string, got ${describe(afterKey)}`);
     }
     return this.store.listBlockedGroups(queue, { limit, afterKey });
+  }
+
+  /**
+   * A queue's flow limits and what they hold back now: running jobs, starts in the rate window,
+   * keys at their limit, and the `top` (default 10, at most 100) busiest keys. Without flow
+   * control (SQL Server in this release) it reports no limits and no keys.
+   */
+  async flowUsage(queue: string, options: { top?: number } = {}): Promise<FlowUsage> {
+    assertQueueName(queue);
+    const top = assertInteger('flowUsage top', options.top ?? 10, 1, 100, SqlQueueValidationError);
+    if (this.store.flowUsage) return this.store.flowUsage(queue, top);
+    const stats = await this.store.stats(queue);
+    return { queue, limits: null, running: stats.leased, windowStarts: null, keysAtLimit: null, keys: [] };
   }
 
   private prepare(queue: string, payload: unknown, options: EnqueueOptions, where?: string): NewJob {

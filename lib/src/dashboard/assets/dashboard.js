@@ -241,6 +241,7 @@ const api = {
         (after ? `&after=${encodeURIComponent(after)}` : ''),
     ),
   schedules: () => getJson('api/schedules'),
+  flow: (queue) => getJson(`api/queues/${encodeURIComponent(queue)}/flow?limit=10`),
   retryDead: (queue, selection) => postJson(`api/queues/${encodeURIComponent(queue)}/dead/retry`, selection),
   purgeDead: (queue, selection) => postJson(`api/queues/${encodeURIComponent(queue)}/dead/purge`, selection),
   schedule: (id, action) => postJson(`api/schedules/${encodeURIComponent(id)}/${action}`, {}),
@@ -893,6 +894,54 @@ class Pages {
   }
 }
 
+/** A rate limit as "50 per 1 s". */
+function rateText(rate) {
+  return `${formatCount(rate.max)} per ${formatDuration(rate.perMs)}`;
+}
+
+/**
+ * A queue's flow limits and what they hold back (docs/flow-control.md): nothing for a queue with
+ * neither limits nor keyed jobs.
+ */
+function flowPanel(flow) {
+  if (!flow || (flow.limits === null && flow.keys.length === 0)) return null;
+  const limits = flow.limits ?? {};
+  const facts = [
+    ['Running', limits.globalConcurrency ? `${flow.running} of ${limits.globalConcurrency}` : String(flow.running)],
+    limits.concurrencyPerKey ? ['Per key', `${limits.concurrencyPerKey} at once`] : null,
+    limits.concurrencyPerKey ? ['Keys at their limit', String(flow.keysAtLimit ?? 0)] : null,
+    limits.rateLimit ? ['Rate', `${flow.windowStarts ?? 0} started of ${rateText(limits.rateLimit)}`] : null,
+    limits.rateLimitPerKey ? ['Rate per key', rateText(limits.rateLimitPerKey)] : null,
+  ].filter((fact) => fact !== null);
+  return h(
+    'div',
+    { testid: 'flow-panel' },
+    panel(
+      'Flow control',
+      null,
+      h(
+        'dl',
+        { class: 'fields', testid: 'flow-facts' },
+        ...facts.map(([label, value]) => h('div', { class: 'field' }, h('dt', null, label), h('dd', null, value))),
+      ),
+    ),
+    tablePanel({
+      testid: 'flow-keys',
+      headers: ['Busiest keys', h('th', { class: 'num' }, 'Running'), h('th', { class: 'num' }, 'Waiting')],
+      rows: flow.keys.map((key) =>
+        h(
+          'tr',
+          { testid: `flow-key-${key.key}` },
+          h('td', null, clipped(key.key, 'mono clip-key')),
+          h('td', { class: 'num' }, formatCount(key.running)),
+          h('td', { class: 'num' }, formatCount(key.waiting)),
+        ),
+      ),
+      empty: 'No keyed job running or waiting.',
+    }),
+  );
+}
+
 class JobsView extends View {
   constructor(root, route) {
     super(root);
@@ -917,14 +966,16 @@ class JobsView extends View {
   }
 
   async refresh() {
-    const [page] = await Promise.all([
+    const [page, , flow] = await Promise.all([
       api.jobs(this.queue, this.state, this.pages.current),
       loadOverview().catch(() => lastOverview),
+      api.flow(this.queue).catch(() => null),
     ]);
     this.page = page;
+    this.flow = flow;
     const shown = new Set(page.jobs.map((job) => job.id));
     for (const id of this.selected) if (!shown.has(id)) this.selected.delete(id);
-    this.render({ page, counts: queueCounts(this.queue) }, () => this.build());
+    this.render({ page, counts: queueCounts(this.queue), flow }, () => this.build());
   }
 
   build() {
@@ -953,6 +1004,7 @@ class JobsView extends View {
     const result = [
       queueHead(this.queue, 'jobs', this),
       queueTabs(this.queue, state),
+      flowPanel(this.flow),
       selectable ? this.toolbar() : null,
       state === 'done' && page.scanLimited
         ? h(
@@ -1259,6 +1311,7 @@ class JobView extends View {
           field('Finished', timeCell(job.finishedAt), 'finishedAt'),
           field('Worker', text(job.workerId, true), 'workerId'),
           field('Group', text(job.groupKey, true), 'groupKey'),
+          job.concurrencyKey ? field('Concurrency key', text(job.concurrencyKey, true), 'concurrencyKey') : null,
           field('Idempotency key', text(job.idempotencyKey, true), 'idempotencyKey'),
           job.progress === null || job.progress === undefined
             ? null

@@ -50,7 +50,15 @@ import {
   pauseQueue,
   resumeQueue,
 } from './queries/control.queries.js';
-import { flowBudget, flowLease, flowLock, flowLockCreate, flowRecordStarts } from './queries/flow.queries.js';
+import {
+  flowBudget,
+  flowLease,
+  flowLock,
+  flowLockCreate,
+  flowRecordStarts,
+  flowUsage,
+  cleanupFlowState,
+} from './queries/flow.queries.js';
 import { pgTables, type PgTables } from './queries/tables.js';
 
 // The dialect's statements by capability live in queries/; this file is their index.
@@ -87,6 +95,8 @@ const STATEMENTS = {
   flowBudget,
   flowLease,
   flowRecordStarts,
+  flowUsage,
+  cleanupFlowState,
   heartbeat,
   complete,
   fail,

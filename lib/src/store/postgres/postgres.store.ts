@@ -32,6 +32,9 @@ import type {
   JobListPage,
   JobListRequest,
   JobRecord,
+  FlowKeyUsage,
+  FlowLimits,
+  FlowUsage,
   JobState,
   ListedJobState,
   JobSummary,
@@ -293,6 +296,26 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
   claimRetryHintMs(queue: string): number | null {
     const at = this.rateFreeAt.get(queue);
     return at === undefined ? null : Math.max(0, at - Date.now());
+  }
+
+  async flowUsage(queue: string, top: number): Promise<FlowUsage> {
+    const [row] = await this.run<Row>(null, 'flowUsage', [queue, top]);
+    const rate = (max: unknown, perMs: unknown) =>
+      max === null || max === undefined ? null : { max: Number(max), perMs: Number(perMs) };
+    const limits: FlowLimits = {
+      globalConcurrency: (row!.global_concurrency as number | null) ?? null,
+      concurrencyPerKey: (row!.concurrency_per_key as number | null) ?? null,
+      rateLimit: rate(row!.rate_max, row!.rate_per_ms),
+      rateLimitPerKey: rate(row!.key_rate_max, row!.key_rate_per_ms),
+    };
+    return {
+      queue,
+      limits: Object.values(limits).every((value) => value === null) ? null : limits,
+      running: Number(row!.running),
+      windowStarts: (row!.window_starts as number | null) ?? null,
+      keysAtLimit: (row!.keys_at_limit as number | null) ?? null,
+      keys: row!.keys as FlowKeyUsage[],
+    };
   }
 
   private claimParams(request: ClaimRequest, limit: number, at: Date | null): unknown[] {
@@ -838,6 +861,7 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
       request.batchSize,
     ]);
     await this.driver.query(this.sql.cleanupThroughput, [THROUGHPUT_RETENTION_MS, request.batchSize]);
+    await this.driver.query(this.sql.cleanupFlowState, [request.batchSize]);
     return jobs;
   }
 

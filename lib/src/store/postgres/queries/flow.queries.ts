@@ -178,3 +178,48 @@ SET starts = ARRAY(SELECT st FROM unnest(f.starts) AS st WHERE st > $2::timestam
     updated_at = $2::timestamptz
 WHERE f.queue = $1 AND f.lane = ''`;
 }
+
+// $1 queue, $2 keys to list. A monitoring read: the queue's recorded limits, its leased jobs, the
+// starts in its window, and per key its leased (jobs_key_leased_ix) and waiting
+// (jobs_key_ready_ix, read in key order) jobs, the busiest $2 listed.
+export function flowUsage(t: PgTables): string {
+  const { jobs, settings, flowState } = t;
+  return `WITH running AS (
+  SELECT concurrency_key AS key, count(*)::int AS running FROM ${jobs}
+  WHERE queue = $1 AND state = 'leased' AND concurrency_key IS NOT NULL GROUP BY concurrency_key
+), waiting AS (
+  SELECT concurrency_key AS key, count(*)::int AS waiting FROM ${jobs}
+  WHERE queue = $1 AND state = 'ready' AND concurrency_key IS NOT NULL GROUP BY concurrency_key
+), per_key AS (
+  SELECT COALESCE(r.key, w.key) AS key, COALESCE(r.running, 0) AS running, COALESCE(w.waiting, 0) AS waiting
+  FROM running r FULL JOIN waiting w ON w.key = r.key
+)
+SELECT s.global_concurrency, s.concurrency_per_key, s.rate_max, s.rate_per_ms, s.key_rate_max, s.key_rate_per_ms,
+  (SELECT count(*)::int FROM ${jobs} WHERE queue = $1 AND state = 'leased') AS running,
+  CASE WHEN s.rate_max IS NOT NULL THEN
+    (SELECT count(*)::int FROM unnest(f.starts) AS st WHERE st > now() - s.rate_per_ms * interval '1 millisecond') END
+    AS window_starts,
+  CASE WHEN s.concurrency_per_key IS NOT NULL THEN
+    (SELECT count(*)::int FROM per_key WHERE waiting > 0 AND running >= s.concurrency_per_key) END AS keys_at_limit,
+  (SELECT COALESCE(json_agg(json_build_object('key', key, 'running', running, 'waiting', waiting)
+                            ORDER BY running DESC, waiting DESC, key), '[]')
+   FROM (SELECT * FROM per_key ORDER BY running DESC, waiting DESC, key LIMIT $2) AS top) AS keys
+FROM (VALUES (1)) AS one (x)
+LEFT JOIN ${settings} s ON s.queue = $1
+LEFT JOIN ${flowState} f ON f.queue = $1 AND f.lane = ''`;
+}
+
+// $1 batch size. Retention of the per-key rows (rateLimitPerKey windows and postponed keys): a
+// row whose key has neither a start in its window nor a wait ahead is deleted; the next start
+// of the key writes a new one. A flow claim that holds a row is skipped, not waited for.
+export function cleanupFlowState(t: PgTables): string {
+  const { settings, flowState } = t;
+  return `DELETE FROM ${flowState} WHERE (queue, lane) IN (
+  SELECT f.queue, f.lane FROM ${flowState} f
+  LEFT JOIN ${settings} s ON s.queue = f.queue
+  WHERE f.lane <> '' AND (f.blocked_until IS NULL OR f.blocked_until < now())
+    AND f.updated_at < now() - COALESCE(s.key_rate_per_ms, 0) * interval '1 millisecond' - interval '1 minute'
+  LIMIT $1
+  FOR UPDATE OF f SKIP LOCKED
+)`;
+}
