@@ -49,7 +49,7 @@ describe('the PostgreSQL claim reads due work only, whatever the delayed backlog
   async function claimScans(client: pg.Client, limit: number) {
     const { rows } = await client.query<{ 'QUERY PLAN': [{ Plan: PlanNode }] }>(
       `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ${pgQueries(schema).claim}`,
-      [queue, limit, 30_000, 'plan-test', 1, null],
+      [queue, limit, 30_000, 'plan-test', 1, false],
     );
     return scansOfJobs(rows[0]!['QUERY PLAN'][0].Plan).map((n) => ({
       node: `${n['Node Type']} ${n['Index Name'] ?? ''}`.trim(),
@@ -133,7 +133,7 @@ describe('the PostgreSQL claim reads due groups only, whatever the groups waitin
       await client.query('BEGIN');
       const { rows } = await client.query<{ 'QUERY PLAN': [{ Plan: PlanNode }] }>(
         `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ${pgQueries(schema).claim}`,
-        [queue, 2, 30_000, 'plan-test', 1, null],
+        [queue, 2, 30_000, 'plan-test', 1, false],
       );
       const scans = groupScans(rows[0]!['QUERY PLAN'][0].Plan).map((n) => ({
         node: `${n['Node Type']} ${n['Index Name'] ?? ''}`.trim(),

@@ -270,7 +270,7 @@ describe('options fail at boot with the place and the rule', () => {
     );
   });
 
-  it('flow limits: none by default; given ones resolve, and a limited queue prefetches nothing unless told', () => {
+  it('flow limits: none by default; given ones resolve; queue-wide and rate limits prefetch nothing unless told', () => {
     expect(resolveQueueOptions('q', {}, consumer).limits).toBeNull();
     const limited = resolveQueueOptions(
       'q',
@@ -285,6 +285,8 @@ describe('options fail at boot with the place and the rule', () => {
     });
     expect(limited.prefetch).toBe(0);
     expect(resolveQueueOptions('q', { handler: { globalConcurrency: 3, prefetch: 5 } }, consumer).prefetch).toBe(5);
+    // concurrencyPerKey alone: a prefetched job holds only its own key's slot.
+    expect(resolveQueueOptions('q', { handler: { concurrencyPerKey: 1 } }, consumer).prefetch).toBe('auto');
   });
 
   it('checks the module map and module-level options', () => {

@@ -188,6 +188,10 @@ function assertRateLimit(where: string, raw: unknown): RateLimit {
   };
 }
 
+function perKeySlotsOnly(limits: FlowLimits): boolean {
+  return limits.globalConcurrency === null && limits.rateLimit === null && limits.rateLimitPerKey === null;
+}
+
 /** The flow limits of validated options, or null when none is set. */
 function flowLimitsOf(o: QueueOptions, where: string): FlowLimits | null {
   const limits: FlowLimits = {
@@ -334,9 +338,11 @@ export function resolveQueueOptions(
     minReaders,
     maxReaders,
     batchSize: merged.batchSize ?? DEFAULT_BATCH_SIZE,
-    // A prefetched job is leased: under a limit it would hold a slot (or a start) while it waits
-    // in memory, so limited queues claim for free readers only unless told otherwise.
-    prefetch: merged.prefetch ?? (limits ? 0 : 'auto'),
+    // A prefetched job is leased, and a start is counted at the lease: under a queue-wide limit
+    // or a rate it would use the queue's slots (or starts) while it waits in memory, so such
+    // queues claim for free readers only unless told otherwise. Under concurrencyPerKey alone it
+    // holds only its own key's slot, which keeps the limit (conservatively) and the pace.
+    prefetch: merged.prefetch ?? (limits && !perKeySlotsOnly(limits) ? 0 : 'auto'),
     leaseMs,
     maxDurationMs,
     maxAttempts: merged.maxAttempts ?? DEFAULT_MAX_ATTEMPTS,

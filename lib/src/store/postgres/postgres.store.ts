@@ -283,7 +283,7 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
 
   async claim(request: ClaimRequest): Promise<ClaimedJob[]> {
     if (request.limited || this.keyedQueues.has(request.queue)) return this.flowClaim(request);
-    const rows = await this.run<Row>(null, 'claim', this.claimParams(request, request.limit, null));
+    const rows = await this.run<Row>(null, 'claim', this.claimParams(request, request.limit, false));
     const claimed = toClaimedJobs(request.queue, rows);
     if (claimed.length === rows.length) return claimed;
     // The statement's marker row: the queue holds keyed jobs, which only the flow claim takes.
@@ -318,8 +318,8 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
     };
   }
 
-  private claimParams(request: ClaimRequest, limit: number, at: Date | null): unknown[] {
-    return [request.queue, limit, request.leaseMs, request.workerId, request.groupBatchSize ?? 1, at];
+  private claimParams(request: ClaimRequest, limit: number, flow: boolean): unknown[] {
+    return [request.queue, limit, request.leaseMs, request.workerId, request.groupBatchSize ?? 1, flow];
   }
 
   /**
@@ -329,11 +329,11 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
   private async flowClaim(request: ClaimRequest): Promise<ClaimedJob[]> {
     const { queue } = request;
     return this.driver.transaction(async (client) => {
-      if ((await this.run(client, 'flowLock', [queue])).length === 0) {
-        await this.run(client, 'flowLockCreate', [queue]);
-        await this.run(client, 'flowLock', [queue]);
+      if ((await this.runInOwn(client, 'flowLock', [queue])).length === 0) {
+        await this.runInOwn(client, 'flowLockCreate', [queue]);
+        await this.runInOwn(client, 'flowLock', [queue]);
       }
-      const [budget] = await this.run<FlowBudgetRow>(client, 'flowBudget', [queue]);
+      const [budget] = await this.runInOwn<FlowBudgetRow>(client, 'flowBudget', [queue]);
       if (!budget || budget.paused) return [];
       let room = request.limit;
       if (budget.global_concurrency !== null) room = Math.min(room, budget.global_concurrency - (budget.running ?? 0));
@@ -347,18 +347,18 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
       // Jobs without a key (and ordered groups) are one more lane in the turn: all the room when
       // no keyed job waits, else one job a claim, as a key gets in a round.
       const claimPlain = async (limit: number) =>
-        toClaimedJobs(queue, await this.run<Row>(client, 'claim', this.claimParams(request, limit, budget.at)));
+        toClaimedJobs(queue, await this.runInOwn<Row>(client, 'claim', this.claimParams(request, limit, true)));
       const share = budget.keyed_work ? 1 : room;
       const plain = budget.plain_work ? await claimPlain(share) : [];
       const left = room - plain.length;
       const perMs = budget.rate_per_ms;
       if (!budget.keyed_work || left <= 0) {
         if (perMs !== null && plain.length > 0) {
-          await this.run(client, 'flowRecordStarts', [queue, budget.at, plain.length, perMs]);
+          await this.runInOwn(client, 'flowRecordStarts', [queue, budget.at, plain.length, perMs]);
         }
         return plain;
       }
-      const keyed = await this.run<Row>(client, 'flowLease', [
+      const keyed = await this.runInOwn<Row>(client, 'flowLease', [
         queue,
         left,
         request.leaseMs,
@@ -375,7 +375,7 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
       const unused = left - keyed.length;
       const more = unused > 0 && plain.length === share ? await claimPlain(unused) : [];
       if (perMs !== null && more.length > 0) {
-        await this.run(client, 'flowRecordStarts', [queue, budget.at, more.length, perMs]);
+        await this.runInOwn(client, 'flowRecordStarts', [queue, budget.at, more.length, perMs]);
       }
       return [...plain, ...toClaimedJobs(queue, keyed), ...more];
     });
@@ -987,6 +987,17 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
     await this.driver.close();
   }
 
+  /**
+   * A hot statement on a transaction of the store's own (the flow claim): prepared on that
+   * connection too where the driver supports it, since planning its statements costs more than
+   * running them.
+   */
+  private async runInOwn<R>(client: PgQueryable, name: keyof PgQueries, params: unknown[]): Promise<R[]> {
+    if (this.driver.kind !== 'pg') return (await client.query<R>(this.sql[name], params)).rows;
+    const named = client as unknown as NamedQueryable;
+    return (await named.query<R>({ name: this.prepared(name), text: this.sql[name], values: params })).rows;
+  }
+
   /** Hot statements run prepared on the store's pool; on a caller's client they run plain. */
   private async run<R>(client: PgQueryable | null, name: keyof PgQueries, params: unknown[]): Promise<R[]> {
     const result = client
@@ -1149,6 +1160,11 @@ function toClaimedJobs(queue: string, rows: readonly Row[]): ClaimedJob[] {
       leaseUntil: new Date(row.lease_until_ms as number),
       traceContext: (row.trace_context as string | null) ?? null,
     }));
+}
+
+/** A node-postgres client: takes a query config, so a statement can be named (prepared). */
+interface NamedQueryable {
+  query<R>(config: { name: string; text: string; values: unknown[] }): Promise<{ rows: R[] }>;
 }
 
 /** flowBudget's row: the recorded limits (null: none), the counts they apply to, the work waiting. */

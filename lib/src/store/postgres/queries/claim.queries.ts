@@ -30,8 +30,9 @@ function canceledNow(j: string): string {
   return `CASE WHEN ${j}.cancel_requested_at IS NOT NULL THEN now() END`;
 }
 
-// $1 queue, $2 limit (units), $3 lease ms, $4 worker id, $5 group batch size, $6 the claim's time
-// (null: now(); a flow claim passes the time its rate window counts the starts at).
+// $1 queue, $2 limit (units), $3 lease ms, $4 worker id, $5 group batch size, $6 true for a flow
+// claim: its leases are stamped with this statement's clock (taken after the flow lock and after
+// the snapshot) instead of now(), the transaction's start.
 // Jobs with a concurrency key are the flow claim's (flow.queries.ts): due delayed ones are
 // promoted here too, never leased.
 // Three ordered range reads, each stopping after $2 rows: the queue's due ungrouped ready rows
@@ -57,7 +58,9 @@ function canceledNow(j: string): string {
 // cache) and the group is left alone for a second, for a transition or the repair sweep to fix.
 export function claim(t: PgTables): string {
   const { jobs, groups } = t;
-  return `WITH due_ready AS MATERIALIZED (
+  return `WITH stamp AS MATERIALIZED (
+  SELECT CASE WHEN $6::boolean THEN clock_timestamp() ELSE now() END AS at
+), due_ready AS MATERIALIZED (
   SELECT id, priority, run_at FROM ${jobs}
   WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND concurrency_key IS NULL AND run_at <= now()
     AND ${notPaused(t, '$1')}
@@ -124,9 +127,9 @@ export function claim(t: PgTables): string {
   SET state = CASE WHEN c.lease THEN 'leased' ELSE 'ready' END,
       claim_token = CASE WHEN c.lease THEN c.token ELSE j.claim_token END,
       attempts = CASE WHEN c.lease THEN j.attempts + 1 ELSE j.attempts END,
-      lease_until = CASE WHEN c.lease THEN COALESCE($6::timestamptz, now()) + $3::float8 * interval '1 millisecond'
+      lease_until = CASE WHEN c.lease THEN (SELECT at FROM stamp) + $3::float8 * interval '1 millisecond'
                          ELSE j.lease_until END,
-      claimed_at = CASE WHEN c.lease THEN COALESCE($6::timestamptz, now()) ELSE j.claimed_at END,
+      claimed_at = CASE WHEN c.lease THEN (SELECT at FROM stamp) ELSE j.claimed_at END,
       worker_id = CASE WHEN c.lease THEN $4 ELSE j.worker_id END
   FROM candidates c
   WHERE j.id = c.id AND j.state IN ('ready', 'delayed')

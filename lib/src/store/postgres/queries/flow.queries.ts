@@ -73,7 +73,8 @@ function nextKey(jobs: string, after: string, upTo: string | null): string {
    ORDER BY j.concurrency_key LIMIT 1)`;
 }
 
-// $1 queue, $2 budget (jobs), $3 lease ms, $4 worker id, $5 at (flowBudget's), $6 keys to look at,
+// $1 queue, $2 budget (jobs), $3 lease ms, $4 worker id, $5 flowBudget's time (kept for reference:
+// the lease takes its own), $6 keys to look at,
 // $7 concurrency per key (null: none), $8 key rate max, $9 key rate per ms (null: none),
 // $10 jobs the ordinary claim just started in this claim, $11 queue rate per ms (null: no window
 // kept).
@@ -86,8 +87,13 @@ function nextKey(jobs: string, after: string, upTo: string | null): string {
 // else past every key looked at (keys at their limit included, so a claim never stays on them).
 export function flowLease(t: PgTables): string {
   const { jobs, flowState } = t;
-  const window = (perMs: string) => `$5::timestamptz - ${perMs}::float8 * interval '1 millisecond'`;
-  return `WITH RECURSIVE cursor_row AS (
+  const at = '(SELECT at FROM stamp)';
+  const window = (perMs: string) => `${at} - ${perMs}::float8 * interval '1 millisecond'`;
+  return `WITH RECURSIVE stamp AS MATERIALIZED (
+  -- The lease's time, taken in this statement: after its snapshot, so after every completion it
+  -- counts as done (a job's claimed_at never precedes the end of the lease whose slot it took).
+  SELECT clock_timestamp() AS at, $5::timestamptz AS budget_at
+), cursor_row AS (
   SELECT COALESCE(cursor_key, '') AS cursor_key FROM ${flowState} WHERE queue = $1 AND lane = ''
 ), after_cursor (k, n) AS (
   SELECT ${nextKey(jobs, '(SELECT cursor_key FROM cursor_row)', null)}, 1
@@ -114,7 +120,7 @@ export function flowLease(t: PgTables): string {
       $2::int) AS room
   FROM walked w
   LEFT JOIN ${flowState} f ON f.queue = $1 AND f.lane = w.k
-  WHERE f.blocked_until IS NULL OR f.blocked_until <= $5::timestamptz
+  WHERE f.blocked_until IS NULL OR f.blocked_until <= (SELECT at FROM stamp)
 ), share AS (
   SELECT GREATEST(1, ceil($2::numeric / NULLIF(count(*), 0)))::int AS per FROM rooms WHERE room > 0
 ), chosen AS MATERIALIZED (
@@ -122,7 +128,7 @@ export function flowLease(t: PgTables): string {
   CROSS JOIN LATERAL (
     SELECT j.id, row_number() OVER (ORDER BY j.priority DESC, j.run_at, j.id) AS rn
     FROM (SELECT id, priority, run_at FROM ${jobs}
-          WHERE queue = $1 AND state = 'ready' AND concurrency_key = r.k AND run_at <= $5::timestamptz
+          WHERE queue = $1 AND state = 'ready' AND concurrency_key = r.k AND run_at <= (SELECT at FROM stamp)
           ORDER BY priority DESC, run_at, id
           LIMIT LEAST(r.room, share.per)) AS j
   ) AS p
@@ -132,7 +138,7 @@ export function flowLease(t: PgTables): string {
 ), updated AS (
   UPDATE ${jobs} AS j
   SET state = 'leased', claim_token = gen_random_uuid(), attempts = j.attempts + 1,
-      lease_until = $5::timestamptz + $3::float8 * interval '1 millisecond', claimed_at = $5::timestamptz, worker_id = $4
+      lease_until = (SELECT at FROM stamp) + $3::float8 * interval '1 millisecond', claimed_at = (SELECT at FROM stamp), worker_id = $4
   FROM chosen c
   WHERE j.id = c.id AND j.state = 'ready'
   RETURNING j.id, j.payload, j.priority, j.group_key, j.idempotency_key, j.concurrency_key, j.attempts, j.max_attempts,
@@ -148,12 +154,12 @@ export function flowLease(t: PgTables): string {
         f.cursor_key),
       starts = CASE WHEN $11::float8 IS NULL THEN '{}'::timestamptz[]
                     ELSE ARRAY(SELECT st FROM unnest(f.starts) AS st WHERE st > ${window('$11')})
-                         || array_fill($5::timestamptz, ARRAY[$10::int + (SELECT count(*) FROM updated)::int]) END,
-      updated_at = $5::timestamptz
+                         || array_fill((SELECT at FROM stamp), ARRAY[$10::int + (SELECT count(*) FROM updated)::int]) END,
+      updated_at = (SELECT at FROM stamp)
   WHERE f.queue = $1 AND f.lane = ''
 ), key_starts AS (
   INSERT INTO ${flowState} AS f (queue, lane, starts, updated_at)
-  SELECT $1, u.concurrency_key, array_fill($5::timestamptz, ARRAY[count(*)::int]), $5::timestamptz
+  SELECT $1, u.concurrency_key, array_fill((SELECT at FROM stamp), ARRAY[count(*)::int]), (SELECT at FROM stamp)
   FROM updated u WHERE $8::int IS NOT NULL
   GROUP BY u.concurrency_key ORDER BY u.concurrency_key
   ON CONFLICT (queue, lane) DO UPDATE
@@ -168,14 +174,18 @@ SELECT id::text AS id, payload, priority, group_key, idempotency_key, concurrenc
 FROM updated`;
 }
 
-// $1 queue, $2 at (flowBudget's), $3 jobs the ordinary claim started, $4 queue rate per ms: the
-// starts of a claim that leased no keyed job (flowLease did not run), in the queue's window.
+// $1 queue, $2 flowBudget's time (kept for reference), $3 jobs the ordinary claim started, $4 queue rate per ms: the starts of
+// a claim that leased no keyed job (flowLease did not run), in the queue's window, at this
+// statement's time: no earlier than their claimed_at, so a start leaves the window no sooner than
+// it should.
 export function flowRecordStarts(t: PgTables): string {
   const { flowState } = t;
-  return `UPDATE ${flowState} AS f
-SET starts = ARRAY(SELECT st FROM unnest(f.starts) AS st WHERE st > $2::timestamptz - $4::float8 * interval '1 millisecond')
-             || array_fill($2::timestamptz, ARRAY[$3::int]),
-    updated_at = $2::timestamptz
+  return `WITH stamp AS MATERIALIZED (SELECT clock_timestamp() AS at, $2::timestamptz AS budget_at)
+UPDATE ${flowState} AS f
+SET starts = ARRAY(SELECT st FROM unnest(f.starts) AS st
+                   WHERE st > (SELECT at FROM stamp) - $4::float8 * interval '1 millisecond')
+             || array_fill((SELECT at FROM stamp), ARRAY[$3::int]),
+    updated_at = (SELECT at FROM stamp)
 WHERE f.queue = $1 AND f.lane = ''`;
 }
 
