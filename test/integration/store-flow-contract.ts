@@ -202,6 +202,15 @@ export function describeFlowContract(target: StoreTarget): void {
       expect(await claim(queue, 10)).toHaveLength(1);
     });
 
+    it('a consumer that booted without limits follows the ones recorded after it (the ordinary claim hands over)', async () => {
+      const queue = await limitedQueue('late-limits', { globalConcurrency: 2 });
+      await enqueue(queue, 5);
+      const ordinary = () => store.claim({ queue, limit: 10, leaseMs: 30_000, workerId: WORKER });
+      expect(await ordinary()).toHaveLength(2);
+      expect(await ordinary()).toEqual([]);
+      expect((await store.stats(queue)).leased).toBe(2);
+    });
+
     it('a queue with keyed jobs and no limits is claimed in turns too (the ordinary claim hands over)', async () => {
       const queue = `unlimited.${++queueSeq}`;
       await enqueue(queue, 5);

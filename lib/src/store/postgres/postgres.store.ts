@@ -115,8 +115,8 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
   /** Emptied groups to settle, and the loop settling them. */
   private readonly toSettle = new Map<string, GroupRef>();
   private settlingNow: Promise<void> | null = null;
-  /** Queues seen holding keyed jobs: their claims take the flow path from then on. */
-  private readonly keyedQueues = new Set<string>();
+  /** Queues seen holding keyed jobs or recorded limits: their claims take the flow path from then on. */
+  private readonly flowQueues = new Set<string>();
   /** Queues whose rate window was full at their last claim: when its oldest start leaves it (local ms). */
   private readonly rateFreeAt = new Map<string, number>();
   private closed = false;
@@ -282,12 +282,13 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
   }
 
   async claim(request: ClaimRequest): Promise<ClaimedJob[]> {
-    if (request.limited || this.keyedQueues.has(request.queue)) return this.flowClaim(request);
+    if (request.limited || this.flowQueues.has(request.queue)) return this.flowClaim(request);
     const rows = await this.run<Row>(null, 'claim', this.claimParams(request, request.limit, false));
     const claimed = toClaimedJobs(request.queue, rows);
     if (claimed.length === rows.length) return claimed;
-    // The statement's marker row: the queue holds keyed jobs, which only the flow claim takes.
-    this.keyedQueues.add(request.queue);
+    // The statement's marker row: the queue holds keyed jobs, which only the flow claim takes, or
+    // its consumers recorded limits, which only the flow claim applies.
+    this.flowQueues.add(request.queue);
     const more =
       claimed.length < request.limit ? await this.flowClaim({ ...request, limit: request.limit - claimed.length }) : [];
     return [...claimed, ...more];

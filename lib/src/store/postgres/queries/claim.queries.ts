@@ -20,6 +20,10 @@ function siblingsBack(t: PgTables, moved: string): string {
 )`;
 }
 
+// The queue's consumers recorded flow limits (alias s: its queue_settings row).
+const HAS_LIMITS = `(s.global_concurrency IS NOT NULL OR s.concurrency_per_key IS NOT NULL OR s.rate_max IS NOT NULL
+  OR s.key_rate_max IS NOT NULL)`;
+
 // A leased job cancel() marked never goes back to waiting: where it would (a failure to retry, a
 // give-back, a batch sibling given back), it is canceled instead, final.
 function backOrCanceled(j: string, back = "'ready'"): string {
@@ -57,33 +61,38 @@ function canceledNow(j: string): string {
 // not due; its first unfinished job must be the cached head, else nothing is leased (a stale
 // cache) and the group is left alone for a second, for a transition or the repair sweep to fix.
 export function claim(t: PgTables): string {
-  const { jobs, groups } = t;
+  const { jobs, groups, settings } = t;
+  // Not the flow claim's lane, and the queue's consumers recorded limits: this statement leases
+  // nothing, and its marker row hands the queue to the flow claim, which applies them (an
+  // instance that booted without limits follows the ones recorded after it). One probe of
+  // queue_settings' primary key, run once per statement, as the pause probe.
+  const ordinaryClaim = `($6::boolean OR NOT EXISTS (SELECT 1 FROM ${settings} s WHERE s.queue = $1 AND ${HAS_LIMITS}))`;
   return `WITH stamp AS MATERIALIZED (
   SELECT CASE WHEN $6::boolean THEN clock_timestamp() ELSE now() END AS at
 ), due_ready AS MATERIALIZED (
   SELECT id, priority, run_at FROM ${jobs}
   WHERE queue = $1 AND state = 'ready' AND group_key IS NULL AND concurrency_key IS NULL AND run_at <= now()
-    AND ${notPaused(t, '$1')}
+    AND ${notPaused(t, '$1')} AND ${ordinaryClaim}
   ORDER BY priority DESC, run_at, id
   LIMIT $2
   FOR UPDATE SKIP LOCKED
 ), due_delayed AS MATERIALIZED (
   SELECT id, priority, run_at, concurrency_key IS NOT NULL AS keyed FROM ${jobs}
-  WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND run_at <= now() AND ${notPaused(t, '$1')}
+  WHERE queue = $1 AND state = 'delayed' AND group_key IS NULL AND run_at <= now() AND ${notPaused(t, '$1')} AND ${ordinaryClaim}
   ORDER BY run_at, id
   LIMIT $2
   FOR UPDATE SKIP LOCKED
 ), due_groups AS MATERIALIZED (
   SELECT group_key, head_id AS id, head_priority AS priority, head_ready_at AS run_at FROM ${groups}
   WHERE queue = $1 AND held_token IS NULL AND head_id IS NOT NULL AND NOT blocked AND NOT waiting
-    AND head_ready_at <= now() AND ${notPaused(t, '$1')}
+    AND head_ready_at <= now() AND ${notPaused(t, '$1')} AND ${ordinaryClaim}
   ORDER BY head_priority DESC, head_ready_at, head_id
   LIMIT $2
   FOR NO KEY UPDATE SKIP LOCKED
 ), due_waiting_groups AS MATERIALIZED (
   SELECT group_key, head_id AS id, head_priority AS priority, head_ready_at AS run_at FROM ${groups}
   WHERE queue = $1 AND held_token IS NULL AND head_id IS NOT NULL AND NOT blocked AND waiting
-    AND head_ready_at <= now() AND ${notPaused(t, '$1')}
+    AND head_ready_at <= now() AND ${notPaused(t, '$1')} AND ${ordinaryClaim}
   ORDER BY head_ready_at, head_id
   LIMIT $2
   FOR NO KEY UPDATE SKIP LOCKED
@@ -158,10 +167,12 @@ SELECT id::text AS id, payload, priority, group_key, idempotency_key, attempts, 
        (extract(epoch FROM lease_until) * 1000)::float8 AS lease_until_ms, trace_context
 FROM updated WHERE lease
 UNION ALL
--- Keyed ready jobs are not this statement's (they wait in jobs_key_ready_ix, outside its scans):
--- a row without an id says they exist, and the store takes the queue's flow claim from then on.
+-- Keyed ready jobs are not this statement's (they wait in jobs_key_ready_ix, outside its scans),
+-- nor is a queue with recorded limits: a row without an id says so, and the store takes the
+-- queue's flow claim from then on.
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-WHERE EXISTS (SELECT 1 FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND concurrency_key IS NOT NULL)`;
+WHERE EXISTS (SELECT 1 FROM ${jobs} WHERE queue = $1 AND state = 'ready' AND concurrency_key IS NOT NULL)
+   OR NOT ${ordinaryClaim}`;
 }
 
 // $1 jsonb [{id, token, lease_ms, max_ms, progress}] (progress: JSON text reported since the last
