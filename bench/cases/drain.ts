@@ -27,6 +27,16 @@ export function drainOptions(concurrency: number, profile: DrainProfile): QueueO
   return { minReaders: concurrency, maxReaders: concurrency, batchSize: 100, prefetch: 200 };
 }
 
+/** What a drain varies beyond its profile. */
+export interface DrainVariant {
+  /** One context.progress() per job. */
+  progress?: boolean;
+  /** Queue options over the profile's (flow limits, …). */
+  options?: QueueOptions;
+  /** Job n's concurrency key (none: no key). */
+  keyOf?: (n: number) => string;
+}
+
 /**
  * Drains `total` pre-enqueued jobs with a no-op handler (or one that reports progress once);
  * jobs/s from consumer start to last completion.
@@ -37,13 +47,16 @@ export async function drainOnce(
   total: number,
   concurrency: number,
   profile: DrainProfile = 'throughput',
-  { progress = false }: { progress?: boolean } = {},
+  { progress = false, options = {}, keyOf }: DrainVariant = {},
 ): Promise<number> {
   const producer = producerFor(store);
   for (let done = 0; done < total; done += 1_000) {
     await producer.enqueueMany(
       queue,
-      Array.from({ length: Math.min(1_000, total - done) }, (_, k) => ({ payload: payload(done + k) })),
+      Array.from({ length: Math.min(1_000, total - done) }, (_, k) => ({
+        payload: payload(done + k),
+        ...(keyOf ? { concurrencyKey: keyOf(done + k) } : {}),
+      })),
     );
   }
   let completed = 0;
@@ -54,7 +67,7 @@ export async function drainOnce(
     [
       {
         queue,
-        options: drainOptions(concurrency, profile),
+        options: { ...drainOptions(concurrency, profile), ...options },
         handler: progress ? async (_payload, context) => context.progress(50) : async () => {},
       },
     ],

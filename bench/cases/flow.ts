@@ -1,19 +1,16 @@
-import type { QueueOptions } from '../../lib/src/core/options.js';
 import type { QueueStore } from '../../lib/src/core/queue-store.js';
 import type { FlowLimits } from '../../lib/src/core/types.js';
 import {
-  bounded,
-  consumerFor,
   dropSchema,
   openStore,
   payload,
   percentile,
-  perSecond,
   producerFor,
   schemaName,
   type Result,
   type Target,
 } from '../common.js';
+import { drainOnce } from './drain.js';
 
 const NO_LIMITS: FlowLimits = {
   globalConcurrency: null,
@@ -23,47 +20,21 @@ const NO_LIMITS: FlowLimits = {
 };
 
 /**
- * Drains `total` jobs spread over `keys` concurrency keys (0: no key) with a no-op handler, at
- * README defaults plus `options` (`{ maxReaders: 10, …limits }`); jobs/s from start to the last
- * completion. The limits are recorded as a consumer's boot records them.
+ * The README's `{ maxReaders: 10 }` drain of `total` jobs over `keys` concurrency keys (0: no key),
+ * with `limits` recorded as a consumer's boot records them.
  */
 async function drainKeyed(
   store: QueueStore,
   queue: string,
   total: number,
   keys: number,
-  options: QueueOptions,
+  limits: Partial<FlowLimits>,
 ): Promise<number> {
-  const limits: FlowLimits = {
-    ...NO_LIMITS,
-    globalConcurrency: options.globalConcurrency ?? null,
-    concurrencyPerKey: options.concurrencyPerKey ?? null,
-  };
-  await store.recordQueueSettings([{ queue, maxAttempts: 25, limits }]);
-  const producer = producerFor(store);
-  for (let done = 0; done < total; done += 1_000) {
-    await producer.enqueueMany(
-      queue,
-      Array.from({ length: Math.min(1_000, total - done) }, (_, k) => ({
-        payload: payload(done + k),
-        ...(keys > 0 ? { concurrencyKey: `tenant-${(done + k) % keys}` } : {}),
-      })),
-    );
-  }
-  let completed = 0;
-  let finish!: () => void;
-  const allDone = new Promise<void>((resolve) => (finish = resolve));
-  const consumer = consumerFor(
-    store,
-    [{ queue, options, handler: async () => {} }],
-    [{ completed: () => ++completed === total && finish() }],
-  );
-  const started = performance.now();
-  await consumer.start();
-  await bounded(`draining ${total} keyed jobs`, 300_000, allDone);
-  const elapsed = performance.now() - started;
-  await consumer.stop(5_000);
-  return perSecond(total, elapsed);
+  await store.recordQueueSettings([{ queue, maxAttempts: 25, limits: { ...NO_LIMITS, ...limits } }]);
+  return drainOnce(store, queue, total, 10, 'defaults', {
+    options: { concurrencyPerKey: limits.concurrencyPerKey ?? undefined },
+    ...(keys > 0 ? { keyOf: (n: number) => `tenant-${n % keys}` } : {}),
+  });
 }
 
 /**
@@ -110,10 +81,8 @@ export async function flowCase(target: Target, scale: number): Promise<Result[]>
     const plain: number[] = [];
     const keyed: number[] = [];
     for (let round = 0; round < 2; round++) {
-      plain.push(await drainKeyed(store, `flow-plain-${round}`, total, 0, { maxReaders: 10 }));
-      keyed.push(
-        await drainKeyed(store, `flow-keyed-${round}`, total, 10_000, { maxReaders: 10, concurrencyPerKey: 1 }),
-      );
+      plain.push(await drainKeyed(store, `flow-plain-${round}`, total, 0, {}));
+      keyed.push(await drainKeyed(store, `flow-keyed-${round}`, total, 10_000, { concurrencyPerKey: 1 }));
     }
     const mean = (values: number[]) => values.reduce((a, b) => a + b, 0) / values.length;
     results.push({
