@@ -122,7 +122,7 @@ describe('the receiver statements (review 2: no Service Broker transaction acros
 
   it('moves application messages as jobs of the broker queue, in conversation and sequence order, one group per conversation group', () => {
     const text = moveMessages('sqlqueue', queueOf('sqlqueue'), DEFAULT_MAX_PAYLOAD_BYTES);
-    expect(text).toContain('DECLARE @jobs [sqlqueue].[JobInputListV3];');
+    expect(text).toContain('DECLARE @jobs [sqlqueue].[JobInputListV4];');
     expect(text).toContain(
       'SELECT ROW_NUMBER() OVER (ORDER BY r.conversation_group_id, r.conversation_handle, r.message_sequence_number) - 1,',
     );

@@ -230,7 +230,7 @@ describe('brokerGrantsScript', () => {
     for (const to of ['[r]', '[DOMAIN\\s x]']) {
       expect(script).toContain(`GRANT SELECT, INSERT, UPDATE, DELETE ON SCHEMA::[sqlqueue] TO ${to};`);
       expect(script).toContain(`GRANT UPDATE ON OBJECT::[sqlqueue].[JobIdSequence] TO ${to};`);
-      expect(script).toContain(`GRANT EXECUTE ON TYPE::[sqlqueue].[JobInputListV3] TO ${to};`);
+      expect(script).toContain(`GRANT EXECUTE ON TYPE::[sqlqueue].[JobInputListV4] TO ${to};`);
     }
     expect(script).toContain('GRANT SEND ON SERVICE::[nestjs-sql-queue/sqlqueue/orders/target] TO [DOMAIN\\s x];');
     expect(script).toContain('GRANT RECEIVE ON [sqlqueue].[orders_InitiatorQueue] TO [DOMAIN\\s x];');

@@ -67,7 +67,7 @@ describe('nestjs-sql-queue sql', () => {
 
   it('--from the latest version prints no migration but a valid, repeatable script', async () => {
     expect(PG_LATEST_VERSION).toBe(11);
-    expect(MSSQL_LATEST_VERSION).toBe(14);
+    expect(MSSQL_LATEST_VERSION).toBe(15);
     const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', String(PG_LATEST_VERSION));
     expect(pg.code).toBe(0);
     expect(pg.stdout).toBe(pgInstallScript('demo', PG_LATEST_VERSION));

@@ -8,7 +8,8 @@ import {
   DONE_KEYLESS,
   LEASED_JOB,
   MSSQL_STORE_SESSION,
-  READY_UNGROUPED,
+  READY_KEYED,
+  READY_UNKEYED,
   UNFINISHED_GROUPED,
   mssqlQueries,
   type MssqlQueries,
@@ -35,8 +36,8 @@ function indexFilters(): Map<string, string> {
   for (const migration of MSSQL_MIGRATIONS) {
     for (const batch of migration.batches('sqlqueue')) {
       const m =
-        /^CREATE (?:UNIQUE )?NONCLUSTERED INDEX \[(\w+)\] ON [^ ]+ \([^)]*\)(?: INCLUDE \([^)]*\))?(?: WHERE (.+?))?(?: WITH \(DROP_EXISTING = ON\))?;$/.exec(
-          batch,
+        /^CREATE (?:UNIQUE )?NONCLUSTERED INDEX \[(\w+)\] ON [^ ]+ \([^)]*\)(?: INCLUDE \([^)]*\))?(?: WHERE (.+?))?(?: WITH \([^)]*\))?;$/.exec(
+          flat(batch),
         );
       if (m) filters.set(m[1]!, m[2] ?? '');
     }
@@ -46,12 +47,13 @@ function indexFilters(): Map<string, string> {
 
 /**
  * Each keyset read of Jobs that appends to @page what the page still needs (never waiting on a
- * writer): its WHERE and ORDER BY. The grouped part's bounded read has a shape of its own.
+ * writer): its WHERE and ORDER BY. A read of two indexes (ready jobs without and with a key) is
+ * two such reads, each bounded, merged. The grouped part's bounded read has a shape of its own.
  */
 function pageReads(text: string): { where: string; orderBy: string }[] {
   return [
     ...flat(text).matchAll(
-      /INSERT INTO @page \([^)]*\) SELECT TOP \(@want - @got\) @got \+ ROW_NUMBER\(\) OVER \(ORDER BY [^)]*\), 1, \[Id\], [^;]*? FROM \[sqlqueue\]\.\[Jobs\] WITH \(READPAST, READCOMMITTEDLOCK\) WHERE ([^;]*?) ORDER BY ([^;]*?);/g,
+      /SELECT TOP \(@want - @got\) (?:@got \+ ROW_NUMBER\(\) OVER \(ORDER BY [^)]*\), 1, )?\[Id\], [^;]*? FROM \[sqlqueue\]\.\[Jobs\] WITH \(READPAST, READCOMMITTEDLOCK\) WHERE ([^;]*?) ORDER BY ([^;()]*?)(?:\) AS r\d+|;)/g,
     ),
   ].map((m) => ({ where: m[1]!, orderBy: m[2]! }));
 }
@@ -81,7 +83,8 @@ describe('SQL Server dashboard statements: the T-SQL gate and the indexes they r
 
   it('the filters the listings name are the filters of the indexes that serve each state, literally', () => {
     const filters = indexFilters();
-    expect(filters.get('IX_Jobs_Claim')).toBe(READY_UNGROUPED);
+    expect(filters.get('IX_Jobs_Claim')).toBe(READY_UNKEYED);
+    expect(filters.get('IX_Jobs_KeyReady')).toBe(READY_KEYED);
     expect(filters.get('IX_Jobs_Delayed')).toBe(DELAYED_UNGROUPED);
     expect(filters.get('IX_Jobs_Leased')).toBe(LEASED_JOB);
     expect(filters.get('IX_Jobs_Dead')).toBe(DEAD_JOB);
@@ -92,7 +95,8 @@ describe('SQL Server dashboard statements: the T-SQL gate and the indexes they r
 
   const walks: [string, string, string, string][] = [
     // statement, index filter, ORDER BY (the index's key order), the position's last condition
-    ['listReadyJobs', READY_UNGROUPED, '[Priority] DESC, [RunAt], [Id]', '[Priority] < @fromInt'],
+    ['listReadyJobs', READY_UNKEYED, '[Priority] DESC, [RunAt], [Id]', '[Priority] < @fromInt'],
+    ['listReadyJobs', READY_KEYED, '[Priority] DESC, [RunAt], [Id]', '[Priority] < @fromInt'],
     ['listDelayedJobs', DELAYED_UNGROUPED, '[RunAt], [Id]', '[RunAt] > @fromAt'],
     ['listLeasedJobs', LEASED_JOB, '[LeaseUntil], [Queue], [Id]', '[LeaseUntil] > @fromAt'],
     ['listDeadJobs', DEAD_JOB, '[Id] DESC', '[Id] < @fromId'],
@@ -132,7 +136,7 @@ describe('SQL Server dashboard statements: the T-SQL gate and the indexes they r
     expect(pageReads(queries.listDoneJobs)).toEqual([]);
     // Ready and delayed: the keyset walks of the ungrouped part and the grouped part's two ranges.
     for (const [name, keys] of [
-      ['listReadyJobs', 3],
+      ['listReadyJobs', 6],
       ['listDelayedJobs', 2],
     ] as const) {
       const grouped = jobReads(queries[name]).filter((read) => read.includes(UNFINISHED_GROUPED));

@@ -95,7 +95,7 @@ describe('every T-SQL batch the SQL Server store emits parses as T-SQL', () => {
   it('the gate rejects the queue-setting upsert written the PostgreSQL way', () => {
     const upsert = mssqlQueries('sqlqueue').recordQueueSetting;
     const broken = upsert.replace(
-      /UPDATE [\s\S]*VALUES \(@queue, @maxAttempts, @groupOnDead\);/,
+      /UPDATE [\s\S]*VALUES \(@queue, @maxAttempts, @groupOnDead,[^;]*\);/,
       'INSERT INTO [sqlqueue].[QueueSettings] ([Queue], [MaxAttempts], [GroupOnDead]) VALUES (@queue, @maxAttempts, @groupOnDead) ON CONFLICT ([Queue]) DO UPDATE SET [MaxAttempts] = @maxAttempts;',
     );
     expect(broken).not.toBe(upsert);
@@ -374,6 +374,7 @@ describe('writes to Jobs, Attempts and Groups (issue 10, P4/P5; issue 11)', () =
         'enqueueOne',
         'enqueueOneGrouped',
         'fail',
+        'flowClaim',
         'heartbeat',
         'purgeDead',
         'purgeDeadIds',
@@ -391,7 +392,7 @@ describe('writes to Jobs, Attempts and Groups (issue 10, P4/P5; issue 11)', () =
     "%s takes row locks: ROWLOCK, the claim hints on a READPAST claim, READCOMMITTEDLOCK on a producer's group update",
     (name, text) => {
       for (const target of dmlTargets(text)) {
-        const readpastClaim = (name === 'claim' || name === 'reap') && target.how === 'update via cte';
+        const readpastClaim = ['claim', 'flowClaim', 'reap'].includes(name) && target.how === 'update via cte';
         const expected = readpastClaim
           ? CLAIM_HINTS
           : isProducerHeadUpdate(text, target)
@@ -543,7 +544,7 @@ describe('indexes after every migration serve the queries that need them (issue 
       "[State] = 'delayed' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()\n  ORDER BY [RunAt], [Id]",
     );
     const lease = claim.indexOf(
-      "[State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()\n    ORDER BY [Priority] DESC, [RunAt], [Id]",
+      "[State] = 'ready' AND [GroupKey] IS NULL AND [ConcurrencyKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()\n    ORDER BY [Priority] DESC, [RunAt], [Id]",
     );
     // Promotion first, as its own statement, so the claim that follows sees the promoted rows.
     expect(promote).toBeGreaterThan(0);
@@ -837,11 +838,13 @@ describe('ordered groups (issue 11)', () => {
     }
   });
 
-  it('ungrouped job reads name [GroupKey] IS NULL (the claim and delayed indexes hold no grouped job)', () => {
-    for (const name of ['claim', 'hasClaimableWork', 'stats', 'queueHealth'] as const) {
+  it('ungrouped job reads name [GroupKey] IS NULL or a concurrency key (the claim, key and delayed indexes hold no grouped job)', () => {
+    for (const name of ['claim', 'flowClaim', 'hasClaimableWork', 'stats', 'queueHealth'] as const) {
       const reads = readsOf(queries[name], 'Jobs').filter((r) => /\[State\] = '(?:ready|delayed)'/.test(r.where));
       expect(reads.length, name).toBeGreaterThan(0);
-      for (const read of reads) expect(read.where, `${name}: ${read.where}`).toContain('[GroupKey] IS NULL');
+      for (const read of reads) {
+        expect(read.where, `${name}: ${read.where}`).toMatch(/\[GroupKey\] IS NULL|\[ConcurrencyKey\] IS NOT NULL/);
+      }
     }
   });
 
@@ -1007,9 +1010,10 @@ describe('ordered groups (issue 11)', () => {
   it('statements without a group key keep the exact text and cost they had before issue 11', () => {
     const sha = (text: string) => createHash('sha256').update(text).digest('hex');
     // Pinned again by issue 15, whose only change to them is the trace context column (and JobInputListV3),
-    // and by review 2 (R2-9), whose only change is the enqueue's now read once (ENQUEUE_NOW).
-    expect(sha(queries.enqueueOne)).toBe('906e47a37f01fdfb360f50be024176f87402882e22d43725bed274b7122ed91e');
-    expect(sha(queries.enqueueMany)).toBe('6a82f299d8539776ed95b47cb8867d614d7a1e6427d6b9ceb48953c5a8fa4f4e');
+    // by review 2 (R2-9), whose only change is the enqueue's now read once (ENQUEUE_NOW), and by
+    // issue 24, whose only change is the concurrency key column (and JobInputListV4).
+    expect(sha(queries.enqueueOne)).toBe('47860abfca90afd69945d1ea73fa75f3c35bb223dc2e6b7eb867aab3faabc8d4');
+    expect(sha(queries.enqueueMany)).toBe('099c4171cdb33ff120dd630308d2eb8307eb46a190c3b8f31d00c59ad8579187');
   });
 
   it('cleanup never deletes the dead job that blocks its group', () => {

@@ -3,6 +3,7 @@ import { afterEach, describe, expect, it, vi } from 'vitest';
 import { SqlQueueError, SqlQueueTransactionError, SqlQueueValidationError } from '../../lib/src/core/errors.js';
 import { DONE_SCAN_LIMIT, THROUGHPUT_RETENTION_MS, type JobState } from '../../lib/src/core/types.js';
 import { prepareJob } from '../../lib/src/core/producer/job-validation.js';
+import { FLOW_KEYS_AHEAD, FLOW_KEYS_MAX } from '../../lib/src/core/queue-store.js';
 import {
   MSSQL_LATEST_VERSION,
   MSSQL_MIGRATIONS,
@@ -649,8 +650,10 @@ describe('MssqlQueueStore throughput', () => {
     expect(sent.map((s) => [s.name, s.inputs.batch, s.inputs.retentionMs])).toEqual([
       ['cleanup', 4_000, undefined],
       ['cleanupThroughput', 4_000, THROUGHPUT_RETENTION_MS],
+      ['cleanupFlowState', 4_000, undefined],
       ['cleanup', 500, undefined],
       ['cleanupThroughput', 500, THROUGHPUT_RETENTION_MS],
+      ['cleanupFlowState', 500, undefined],
     ]);
   });
 });
@@ -737,22 +740,121 @@ describe('MssqlQueueStore.close', () => {
   });
 });
 
-describe('MssqlQueueStore: flow control is PostgreSQL-only in this release (issue 24)', () => {
-  it('refuses a concurrency key before sending anything, and limits when consumers record them', async () => {
-    const { store, sent } = scriptedStore(() => []);
+describe('MssqlQueueStore: flow control (issue 24)', () => {
+  const claimedRow = (id: string, key: string | null) => ({
+    Id: id,
+    Queue: 'tenants',
+    Payload: '{}',
+    Priority: 0,
+    GroupKey: null,
+    IdempotencyKey: null,
+    Attempts: 1,
+    MaxAttempts: 3,
+    ClaimToken: 'AAAAAAAA-0000-0000-0000-000000000001',
+    CreatedAt: new Date(0),
+    ClaimedAt: new Date(0),
+    LeaseUntil: new Date(30_000),
+    TraceContext: null,
+    ConcurrencyKey: key,
+  });
+  const request = { queue: 'tenants', limit: 5, leaseMs: 30_000, workerId: 'w' };
+
+  it('binds the concurrency key of an enqueue and the limits a consumer records', async () => {
+    const { store, sent } = scriptedStore(({ name }) => (name === 'enqueueOne' ? [{ Id: '1', Created: true }] : []));
     const keyed = prepareJob(
       'tenants',
       {},
       { concurrencyKey: 'acme' },
       { maxPayloadBytes: 1024, defaultMaxAttempts: 3 },
     );
-    await expect(store.enqueue([keyed])).rejects.toThrow(
-      /enqueue to 'tenants': concurrencyKey is not supported on SQL Server yet/,
+    await store.enqueue([keyed]);
+    expect(sent[0]).toMatchObject({ name: 'enqueueOne', inputs: { concurrencyKey: 'acme', groupKey: null } });
+    const limits = {
+      globalConcurrency: 2,
+      concurrencyPerKey: 1,
+      rateLimit: { max: 50, perMs: 1000 },
+      rateLimitPerKey: null,
+    };
+    await store.recordQueueSettings([{ queue: 'tenants', maxAttempts: 3, groupOnDead: 'continue', limits }]);
+    expect(sent[1]).toMatchObject({
+      name: 'recordQueueSetting',
+      inputs: {
+        globalConcurrency: 2,
+        concurrencyPerKey: 1,
+        rateMax: 50,
+        ratePerMs: 1000,
+        keyRateMax: null,
+        keyRatePerMs: null,
+      },
+    });
+  });
+
+  it('hands a queue to the flow claim when the ordinary claim says so, for the rest of the limit and from then on', async () => {
+    const { store, sent } = scriptedStore(({ name, inputs }) =>
+      name === 'flowClaim'
+        ? resultSets([claimedRow('2', 'acme')], [{ Paused: false, RateFreeInMs: null }])
+        : inputs.queue === 'tenants'
+          ? resultSets([claimedRow('1', null)], [{ FlowClaim: true }])
+          : resultSets([]),
     );
-    const limits = { globalConcurrency: 2, concurrencyPerKey: null, rateLimit: null, rateLimitPerKey: null };
-    await expect(store.recordQueueSettings([{ queue: 'tenants', maxAttempts: 3, limits }])).rejects.toThrow(
-      /queue 'tenants': globalConcurrency, concurrencyPerKey, rateLimit and rateLimitPerKey are not supported on SQL Server yet/,
-    );
-    expect(sent).toEqual([]);
+    const first = await store.claim(request);
+    expect(first.map((job) => job.id)).toEqual(['1', '2']);
+    expect(sent.map((s) => [s.name, s.inputs.limit])).toEqual([
+      ['claim', 5],
+      ['flowClaim', 4],
+    ]);
+    expect(sent[1]!.inputs).toMatchObject({ keysAhead: FLOW_KEYS_AHEAD, keysMax: FLOW_KEYS_MAX, workerId: 'w' });
+    await store.claim(request);
+    expect(sent.map((s) => s.name)).toEqual(['claim', 'flowClaim', 'flowClaim']);
+    // Another queue still takes the ordinary claim, and without the second result nothing more.
+    await store.claim({ ...request, queue: 'other' });
+    expect(sent.map((s) => s.name)).toEqual(['claim', 'flowClaim', 'flowClaim', 'claim']);
+  });
+
+  it('takes the flow claim at once for limits of its own, and keeps the rate window hint it answers', async () => {
+    let freeInMs: number | null = 250;
+    const { store, sent } = scriptedStore(() => resultSets([], [{ Paused: false, RateFreeInMs: freeInMs }]));
+    expect(await store.claim({ ...request, limited: true })).toEqual([]);
+    expect(sent.map((s) => s.name)).toEqual(['flowClaim']);
+    const hint = store.claimRetryHintMs('tenants');
+    expect(hint).toBeGreaterThan(150);
+    expect(hint).toBeLessThanOrEqual(250);
+    freeInMs = null;
+    await store.claim({ ...request, limited: true });
+    expect(store.claimRetryHintMs('tenants')).toBeNull();
+  });
+
+  it('reads flow usage: limits, counts and the busiest keys from JSON text, none as an empty list', async () => {
+    let keys: string | null = JSON.stringify([{ key: 'acme', running: 2, waiting: 7 }]);
+    const { store, sent } = scriptedStore(() => [
+      {
+        GlobalConcurrency: 5,
+        ConcurrencyPerKey: 2,
+        RateMax: null,
+        RatePerMs: null,
+        KeyRateMax: 10,
+        KeyRatePerMs: 60_000,
+        Running: 3,
+        WindowStarts: null,
+        KeysAtLimit: 1,
+        Keys: keys,
+      },
+    ]);
+    expect(await store.flowUsage('tenants', 10)).toEqual({
+      queue: 'tenants',
+      limits: {
+        globalConcurrency: 5,
+        concurrencyPerKey: 2,
+        rateLimit: null,
+        rateLimitPerKey: { max: 10, perMs: 60_000 },
+      },
+      running: 3,
+      windowStarts: null,
+      keysAtLimit: 1,
+      keys: [{ key: 'acme', running: 2, waiting: 7 }],
+    });
+    expect(sent[0]).toMatchObject({ name: 'flowUsage', inputs: { queue: 'tenants', top: 10 } });
+    keys = null;
+    expect((await store.flowUsage('tenants', 10)).keys).toEqual([]);
   });
 });

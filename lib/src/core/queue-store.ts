@@ -34,6 +34,18 @@ import type { ScheduleStore } from './schedules/index.js';
 
 export type Dialect = 'postgres' | 'mssql';
 
+/**
+ * Keys a flow claim with room for `budget` jobs looks at: FLOW_KEYS_AHEAD beyond the budget (some
+ * may be at their limit), at most FLOW_KEYS_MAX; each is one index descent for its ready jobs and
+ * one for its leased ones, on either dialect.
+ */
+export const FLOW_KEYS_AHEAD = 16;
+export const FLOW_KEYS_MAX = 1_000;
+
+export function flowKeysToWalk(budget: number): number {
+  return Math.min(budget + FLOW_KEYS_AHEAD, FLOW_KEYS_MAX);
+}
+
 export type MigrationMode = 'auto' | 'check' | 'off';
 
 export interface SchemaStatus {

@@ -39,7 +39,7 @@ export interface EnqueueOptions {
    * `concurrencyPerKey` at most that many jobs of one key run at once across all instances, with
    * `rateLimitPerKey` at most that many start per window, and claims take keys in turn, so one
    * key's backlog does not hold the others back. Not combined with `groupKey` (an ordered group
-   * already runs one job at a time). PostgreSQL only in this release.
+   * already runs one job at a time).
    */
   concurrencyKey?: string;
   /**

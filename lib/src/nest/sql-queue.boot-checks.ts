@@ -48,13 +48,6 @@ export function checkBeforeConnecting(
     options,
     declared.table.map((handler) => handler.queue),
   );
-  // A pool given without a dialect is told apart at connect: its store refuses the limits then.
-  const limited = handlers.find((handler) => handler.resolved.limits !== null);
-  if (limited && (options.connection as { dialect?: unknown }).dialect === 'mssql') {
-    throw new SqlQueueConfigError(
-      `queue '${limited.queue}': globalConcurrency, concurrencyPerKey, rateLimit and rateLimitPerKey are not supported on SQL Server yet (flow control runs on PostgreSQL in this release); remove them`,
-    );
-  }
   if ((options.reaper.enabled || options.retention.enabled) && !scheduler) {
     throw new SqlQueueConfigError(
       'SqlQueueModule schedules its lease reaper with @nestjs/schedule: import ScheduleModule.forRoot() in your application module, or set reaper.enabled and retention.enabled to false',

@@ -629,6 +629,68 @@ END;`,
       ];
     },
   },
+  {
+    version: 15,
+    description: 'flow control',
+    // Issue 24, as PostgreSQL's version 11. A job's concurrency key; the limits its queue's
+    // consumers recorded; FlowState, one row per limited queue (Lane N'': the row every flow
+    // claim of the queue locks, by updating it, and its round-robin cursor) and per postponed key
+    // (Lane = the key, BlockedUntil); FlowStarts, the starts of each rate window (Lane N'' for the
+    // queue's, the key for rateLimitPerKey's), one row per start, seeked by time. Keyed ready jobs
+    // leave IX_Jobs_Claim for IX_Jobs_KeyReady, ordered by key, so the flow claim steps from key
+    // to key (one seek each) and a key with a million jobs is one key; IX_Jobs_KeyLeased counts a
+    // key's slots. The nullable columns change metadata only; the longest possible Jobs row grows
+    // by 510 bytes (about 6,500, within 8,060). IX_Jobs_Claim is re-keyed offline (as version 5
+    // did): a claim of the previous release names no concurrency key, so it cannot use the new
+    // index; stop that release's consumers before applying this version (docs/flow-control.md).
+    // A table type cannot be altered: JobInputListV4 carries the key; V3 stays for the previous
+    // release's producers during a rolling upgrade.
+    batches: (schema) => {
+      const s = quoteMssqlIdentifier(schema);
+      return [
+        `ALTER TABLE ${s}.[Jobs] ADD [ConcurrencyKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL;`,
+        `ALTER TABLE ${s}.[QueueSettings] ADD [GlobalConcurrency] int NULL, [ConcurrencyPerKey] int NULL, [RateMax] int NULL,
+  [RatePerMs] int NULL, [KeyRateMax] int NULL, [KeyRatePerMs] int NULL;`,
+        `CREATE TABLE ${s}.[FlowState] (
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [Lane] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [CursorKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL,
+  [BlockedUntil] datetime2(3) NULL,
+  [UpdatedAt] datetime2(3) NOT NULL CONSTRAINT [DF_FlowState_UpdatedAt] DEFAULT (SYSUTCDATETIME()),
+  CONSTRAINT [PK_FlowState] PRIMARY KEY CLUSTERED ([Queue], [Lane]) WITH (ALLOW_PAGE_LOCKS = OFF)
+);`,
+        `CREATE TABLE ${s}.[FlowStarts] (
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [Lane] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [At] datetime2(3) NOT NULL,
+  [Seq] bigint IDENTITY(1, 1) NOT NULL,
+  CONSTRAINT [PK_FlowStarts] PRIMARY KEY CLUSTERED ([Queue], [Lane], [At], [Seq]) WITH (ALLOW_PAGE_LOCKS = OFF)
+);`,
+        // A claim prunes up to a window of starts (rateLimit max: 10,000 rows): row locks, never the table's.
+        `ALTER TABLE ${s}.[FlowStarts] SET (LOCK_ESCALATION = DISABLE);`,
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_Claim] ON ${s}.[Jobs] ([Queue], [Priority] DESC, [RunAt], [Id]) INCLUDE ([Attempts])
+  WHERE [State] = 'ready' AND [GroupKey] IS NULL AND [ConcurrencyKey] IS NULL WITH (DROP_EXISTING = ON, ALLOW_PAGE_LOCKS = OFF);`,
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_KeyReady] ON ${s}.[Jobs] ([Queue], [ConcurrencyKey], [Priority] DESC, [RunAt], [Id])
+  INCLUDE ([Attempts]) WHERE [State] = 'ready' AND [ConcurrencyKey] IS NOT NULL WITH (ALLOW_PAGE_LOCKS = OFF);`,
+        `CREATE NONCLUSTERED INDEX [IX_Jobs_KeyLeased] ON ${s}.[Jobs] ([Queue], [ConcurrencyKey])
+  WHERE [State] = 'leased' AND [ConcurrencyKey] IS NOT NULL WITH (ALLOW_PAGE_LOCKS = OFF);`,
+        `CREATE TYPE ${s}.[JobInputListV4] AS TABLE (
+  [Ord] int NOT NULL PRIMARY KEY,
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [Payload] nvarchar(max) NOT NULL,
+  [Priority] int NOT NULL,
+  [RunAt] datetime2(3) NULL,
+  [DelayMs] bigint NOT NULL,
+  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL,
+  [IdempotencyKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL,
+  [MaxAttempts] int NULL,
+  [DefaultMaxAttempts] int NOT NULL,
+  [TraceContext] varchar(2048) NULL,
+  [ConcurrencyKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL
+);`,
+      ];
+    },
+  },
 ];
 
 export const MSSQL_LATEST_VERSION = MSSQL_MIGRATIONS[MSSQL_MIGRATIONS.length - 1]!.version;

@@ -15,6 +15,7 @@ import {
   enqueueOneGrouped,
   recordQueueSetting,
 } from './queries/enqueue.queries.js';
+import { cleanupFlowState, flowClaim, flowUsage } from './queries/flow.queries.js';
 import { findGroupProblems, listBlockedGroups, repairGroup } from './queries/groups.queries.js';
 import { ping, queueHealth, readThroughput, recordThroughput, stats } from './queries/health.queries.js';
 import {
@@ -52,14 +53,9 @@ import { mssqlTables, type MssqlTables } from './queries/tables.js';
 // The dialect's statements by capability live in queries/; this file is their index.
 export { mssqlEnqueueInTransaction } from './queries/enqueue.queries.js';
 export { CLAIMABLE_GROUP, UNFINISHED_GROUPED, WAITING_GROUP } from './queries/groups.queries.js';
-export {
-  DEAD_JOB,
-  DELAYED_UNGROUPED,
-  DONE_KEYED,
-  DONE_KEYLESS,
-  LEASED_JOB,
-  READY_UNGROUPED,
-} from './queries/listings.queries.js';
+export { DEAD_JOB, DELAYED_UNGROUPED, DONE_KEYED, DONE_KEYLESS, LEASED_JOB } from './queries/listings.queries.js';
+export { MSSQL_FLOW_ROW_MISSING } from './queries/flow.queries.js';
+export { READY_KEYED, READY_UNKEYED } from './queries/shared.js';
 export { UNPAUSED_SCHEDULE } from './queries/schedules.queries.js';
 export {
   MSSQL_AUTOCOMMIT_SESSION,
@@ -98,6 +94,9 @@ const STATEMENTS = {
   enqueueManyGrouped,
   recordQueueSetting,
   claim,
+  flowClaim,
+  flowUsage,
+  cleanupFlowState,
   heartbeat,
   complete,
   fail,

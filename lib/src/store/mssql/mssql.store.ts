@@ -1,10 +1,5 @@
 import sql from 'mssql';
-import {
-  SqlQueueConfigError,
-  SqlQueueError,
-  SqlQueueTransactionError,
-  SqlQueueValidationError,
-} from '../../core/errors.js';
+import { SqlQueueError, SqlQueueTransactionError, SqlQueueValidationError } from '../../core/errors.js';
 import {
   checkJobListRequest,
   encodeJobListCursor,
@@ -14,7 +9,14 @@ import {
 } from '../../core/listing/index.js';
 import { assertThroughputMinutes, sumThroughputByQueue } from '../../core/throughput/index.js';
 import { assertJobId } from '../../core/producer/index.js';
-import type { MigrationMode, QueueStore, SchemaStatus } from '../../core/queue-store.js';
+import {
+  FLOW_KEYS_AHEAD,
+  FLOW_KEYS_MAX,
+  type MigrationMode,
+  type QueueStore,
+  type SchemaStatus,
+} from '../../core/queue-store.js';
+import { FlowRouting } from '../flow-routing.js';
 import { assertSchemaVersion } from '../../core/maintenance/index.js';
 import { MAX_TRACE_CONTEXT_LENGTH } from '../../core/tracing.js';
 import type {
@@ -31,6 +33,9 @@ import type {
   EnqueueResult,
   FailItem,
   FailResult,
+  FlowKeyUsage,
+  FlowLimits,
+  FlowUsage,
   GroupRepair,
   HeartbeatItem,
   HeartbeatResult,
@@ -133,6 +138,7 @@ type Bind = (request: sql.Request) => void;
 export class MssqlQueueStore implements QueueStore, ScheduleStore {
   readonly dialect = 'mssql';
   private readonly sql: MssqlQueries;
+  private readonly flowRouting = new FlowRouting();
   private connecting: Promise<sql.ConnectionPool> | null = null;
   /** The repair sweep's two cursors: over group rows, and over groups that have unfinished jobs. */
   private rowSweep: SweepCursor | null = null;
@@ -224,12 +230,6 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
    */
   async enqueue(jobs: readonly NewJob[], transaction?: unknown): Promise<EnqueueResult[]> {
     if (jobs.length === 0) return [];
-    const keyedJob = jobs.find((job) => job.concurrencyKey !== null);
-    if (keyedJob) {
-      throw new SqlQueueValidationError(
-        `enqueue to '${keyedJob.queue}': concurrencyKey is not supported on SQL Server yet (flow control runs on PostgreSQL in this release); enqueue without it`,
-      );
-    }
     const callerTransaction = transaction === undefined ? null : asCallerTransaction(transaction);
     const keyed = jobs.some((job) => job.idempotencyKey !== null);
     // Jobs without a group key keep the statements they always had (and their cost).
@@ -279,24 +279,26 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
     table.columns.add('MaxAttempts', sql.Int, { nullable: true });
     table.columns.add('DefaultMaxAttempts', sql.Int, { nullable: false });
     table.columns.add('TraceContext', sql.VarChar(MAX_TRACE_CONTEXT_LENGTH), { nullable: true });
-    jobs.forEach((job, ord) => table.rows.add(ord, ...newJobValues(job)));
+    table.columns.add('ConcurrencyKey', sql.NVarChar(255), { nullable: true });
+    jobs.forEach((job, ord) => table.rows.add(ord, ...newJobValues(job), job.concurrencyKey));
     return table;
   }
 
   /** One autocommit upsert per queue, in queue order; boot-time only, so a few round trips. */
   async recordQueueSettings(settings: readonly QueueSetting[]): Promise<void> {
-    const limited = settings.find((setting) => setting.limits);
-    if (limited) {
-      throw new SqlQueueConfigError(
-        `queue '${limited.queue}': globalConcurrency, concurrencyPerKey, rateLimit and rateLimitPerKey are not supported on SQL Server yet (flow control runs on PostgreSQL in this release); remove them`,
-      );
-    }
     for (const setting of settingsByQueue(settings)) {
+      const limits = setting.limits ?? null;
       await this.run('recordQueueSetting', (request) =>
         request
           .input('queue', sql.NVarChar(128), setting.queue)
           .input('maxAttempts', sql.Int, setting.maxAttempts)
-          .input('groupOnDead', sql.VarChar(8), setting.groupOnDead),
+          .input('groupOnDead', sql.VarChar(8), setting.groupOnDead)
+          .input('globalConcurrency', sql.Int, limits?.globalConcurrency ?? null)
+          .input('concurrencyPerKey', sql.Int, limits?.concurrencyPerKey ?? null)
+          .input('rateMax', sql.Int, limits?.rateLimit?.max ?? null)
+          .input('ratePerMs', sql.Int, limits?.rateLimit?.perMs ?? null)
+          .input('keyRateMax', sql.Int, limits?.rateLimitPerKey?.max ?? null)
+          .input('keyRatePerMs', sql.Int, limits?.rateLimitPerKey?.perMs ?? null),
       );
     }
   }
@@ -310,29 +312,68 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
   }
 
   async claim(request: ClaimRequest): Promise<ClaimedJob[]> {
-    const rows = await this.run<Row>('claim', (r) =>
+    return this.flowRouting.claim(
+      request,
+      async (ordinary) => {
+        const [rows = [], handOver] = await this.runForResults('claim', this.bindClaim(ordinary, ordinary.limit));
+        // The batch's second result says the queue is the flow claim's (flow-routing.ts).
+        return { claimed: rows.map(toClaimedJob), handOver: handOver !== undefined };
+      },
+      (flow) => this.flowClaim(flow),
+    );
+  }
+
+  claimRetryHintMs(queue: string): number | null {
+    return this.flowRouting.retryHintMs(queue);
+  }
+
+  /**
+   * The claim of a queue with flow limits or concurrency keys (flow.queries.ts): one batch in one
+   * transaction holding the queue's FlowState row, so that the counts it leases against are exact.
+   */
+  private async flowClaim(request: ClaimRequest): Promise<ClaimedJob[]> {
+    const [rows = [], [outcome] = []] = await this.runForResults('flowClaim', (r) =>
+      this.bindClaim(
+        request,
+        request.limit,
+      )(r)
+        .input('keysAhead', sql.Int, FLOW_KEYS_AHEAD)
+        .input('keysMax', sql.Int, FLOW_KEYS_MAX),
+    );
+    this.flowRouting.noteRateWindow(request.queue, (outcome?.RateFreeInMs as number | null | undefined) ?? null);
+    return rows.map(toClaimedJob);
+  }
+
+  private bindClaim(request: ClaimRequest, limit: number): (r: sql.Request) => sql.Request {
+    return (r) =>
       r
         .input('queue', sql.NVarChar(128), request.queue)
-        .input('limit', sql.Int, request.limit)
+        .input('limit', sql.Int, limit)
         .input('groupBatchSize', sql.Int, Math.max(1, Math.min(request.groupBatchSize ?? 1, INT_MAX)))
         .input('leaseMs', sql.Int, Math.min(request.leaseMs, INT_MAX))
-        .input('workerId', sql.NVarChar(255), request.workerId),
+        .input('workerId', sql.NVarChar(255), request.workerId);
+  }
+
+  async flowUsage(queue: string, top: number): Promise<FlowUsage> {
+    const [row] = await this.run<Row>('flowUsage', (r) =>
+      r.input('queue', sql.NVarChar(128), queue).input('top', sql.Int, Math.max(0, Math.min(top, INT_MAX))),
     );
-    return rows.map((row) => ({
-      id: row.Id as string,
-      queue: row.Queue as string,
-      payload: JSON.parse(row.Payload as string),
-      priority: Number(row.Priority),
-      groupKey: (row.GroupKey as string | null) ?? null,
-      idempotencyKey: (row.IdempotencyKey as string | null) ?? null,
-      attempt: Number(row.Attempts),
-      maxAttempts: Number(row.MaxAttempts),
-      claimToken: (row.ClaimToken as string).toLowerCase(),
-      enqueuedAt: row.CreatedAt as Date,
-      claimedAt: row.ClaimedAt as Date,
-      leaseUntil: row.LeaseUntil as Date,
-      traceContext: (row.TraceContext as string | null) ?? null,
-    }));
+    const rate = (max: unknown, perMs: unknown) =>
+      max === null || max === undefined ? null : { max: Number(max), perMs: Number(perMs) };
+    const limits: FlowLimits = {
+      globalConcurrency: (row?.GlobalConcurrency as number | null) ?? null,
+      concurrencyPerKey: (row?.ConcurrencyPerKey as number | null) ?? null,
+      rateLimit: rate(row?.RateMax, row?.RatePerMs),
+      rateLimitPerKey: rate(row?.KeyRateMax, row?.KeyRatePerMs),
+    };
+    return {
+      queue,
+      limits: Object.values(limits).every((value) => value === null) ? null : limits,
+      running: Number(row?.Running ?? 0),
+      windowStarts: (row?.WindowStarts as number | null) ?? null,
+      keysAtLimit: (row?.KeysAtLimit as number | null) ?? null,
+      keys: row?.Keys ? (JSON.parse(row.Keys as string) as FlowKeyUsage[]) : [],
+    };
   }
 
   async heartbeat(items: readonly HeartbeatItem[]): Promise<HeartbeatResult[]> {
@@ -759,6 +800,7 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
         .input('retentionMs', sql.BigInt, THROUGHPUT_RETENTION_MS)
         .input('batch', sql.Int, Math.min(SET_BATCH, request.batchSize)),
     );
+    await this.run('cleanupFlowState', (r) => r.input('batch', sql.Int, Math.min(SET_BATCH, request.batchSize)));
     return total;
   }
 
@@ -1004,7 +1046,8 @@ function bindOne(job: NewJob): Bind {
       .input('idempotencyKey', sql.NVarChar(255), job.idempotencyKey)
       .input('maxAttempts', sql.Int, job.maxAttempts)
       .input('defaultMaxAttempts', sql.Int, job.defaultMaxAttempts)
-      .input('traceContext', sql.VarChar(MAX_TRACE_CONTEXT_LENGTH), job.traceContext ?? null);
+      .input('traceContext', sql.VarChar(MAX_TRACE_CONTEXT_LENGTH), job.traceContext ?? null)
+      .input('concurrencyKey', sql.NVarChar(255), job.concurrencyKey);
 }
 
 /** The caller's transaction: an mssql Transaction on which begin() was awaited. */
@@ -1024,6 +1067,24 @@ export function asCallerTransaction(transaction: unknown): sql.Transaction {
   );
 }
 
+function toClaimedJob(row: Row): ClaimedJob {
+  return {
+    id: row.Id as string,
+    queue: row.Queue as string,
+    payload: JSON.parse(row.Payload as string),
+    priority: Number(row.Priority),
+    groupKey: (row.GroupKey as string | null) ?? null,
+    idempotencyKey: (row.IdempotencyKey as string | null) ?? null,
+    attempt: Number(row.Attempts),
+    maxAttempts: Number(row.MaxAttempts),
+    claimToken: (row.ClaimToken as string).toLowerCase(),
+    enqueuedAt: row.CreatedAt as Date,
+    claimedAt: row.ClaimedAt as Date,
+    leaseUntil: row.LeaseUntil as Date,
+    traceContext: (row.TraceContext as string | null) ?? null,
+  };
+}
+
 function toJobRecord(row: Row): JobRecord {
   return {
     ...jobFields(row, COLUMNS),
@@ -1031,7 +1092,7 @@ function toJobRecord(row: Row): JobRecord {
     claimToken: row.ClaimToken ? (row.ClaimToken as string).toLowerCase() : null,
     lastError: (row.LastError as string | null) ?? null,
     cancelRequestedAt: (row.CancelRequestedAt as Date | null) ?? null,
-    concurrencyKey: null,
+    concurrencyKey: (row.ConcurrencyKey as string | null) ?? null,
     cancelReason: (row.CancelReason as string | null) ?? null,
     result: row.Result === null || row.Result === undefined ? null : JSON.parse(row.Result as string),
     progress: row.Progress === null || row.Progress === undefined ? null : JSON.parse(row.Progress as string),

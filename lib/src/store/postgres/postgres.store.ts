@@ -9,7 +9,8 @@ import {
 } from '../../core/listing/index.js';
 import { assertThroughputMinutes, sumThroughputByQueue } from '../../core/throughput/index.js';
 import { assertJobId } from '../../core/producer/index.js';
-import type { MigrationMode, QueueStore, SchemaStatus } from '../../core/queue-store.js';
+import { FlowRouting } from '../flow-routing.js';
+import { flowKeysToWalk, type MigrationMode, type QueueStore, type SchemaStatus } from '../../core/queue-store.js';
 import { assertSchemaVersion } from '../../core/maintenance/index.js';
 import type {
   AttemptRecord,
@@ -115,10 +116,7 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
   /** Emptied groups to settle, and the loop settling them. */
   private readonly toSettle = new Map<string, GroupRef>();
   private settlingNow: Promise<void> | null = null;
-  /** Queues seen holding keyed jobs or recorded limits: their claims take the flow path from then on. */
-  private readonly flowQueues = new Set<string>();
-  /** Queues whose rate window was full at their last claim: when its oldest start leaves it (local ms). */
-  private readonly rateFreeAt = new Map<string, number>();
+  private readonly flowRouting = new FlowRouting();
   private closed = false;
   private rowSweep: SweepCursor = null;
   private orphanSweep: SweepCursor = null;
@@ -282,21 +280,20 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
   }
 
   async claim(request: ClaimRequest): Promise<ClaimedJob[]> {
-    if (request.limited || this.flowQueues.has(request.queue)) return this.flowClaim(request);
-    const rows = await this.run<Row>(null, 'claim', this.claimParams(request, request.limit, false));
-    const claimed = toClaimedJobs(request.queue, rows);
-    if (claimed.length === rows.length) return claimed;
-    // The statement's marker row: the queue holds keyed jobs, which only the flow claim takes, or
-    // its consumers recorded limits, which only the flow claim applies.
-    this.flowQueues.add(request.queue);
-    const more =
-      claimed.length < request.limit ? await this.flowClaim({ ...request, limit: request.limit - claimed.length }) : [];
-    return [...claimed, ...more];
+    return this.flowRouting.claim(
+      request,
+      async (ordinary) => {
+        const rows = await this.run<Row>(null, 'claim', this.claimParams(ordinary, ordinary.limit, false));
+        const claimed = toClaimedJobs(ordinary.queue, rows);
+        // The statement's marker row says the queue is the flow claim's (flow-routing.ts).
+        return { claimed, handOver: claimed.length < rows.length };
+      },
+      (flow) => this.flowClaim(flow),
+    );
   }
 
   claimRetryHintMs(queue: string): number | null {
-    const at = this.rateFreeAt.get(queue);
-    return at === undefined ? null : Math.max(0, at - Date.now());
+    return this.flowRouting.retryHintMs(queue);
   }
 
   async flowUsage(queue: string, top: number): Promise<FlowUsage> {
@@ -338,11 +335,9 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
       if (!budget || budget.paused) return [];
       let room = request.limit;
       if (budget.global_concurrency !== null) room = Math.min(room, budget.global_concurrency - (budget.running ?? 0));
-      this.rateFreeAt.delete(queue);
-      if (budget.rate_max !== null && budget.rate_max - (budget.recent_starts ?? 0) <= 0) {
-        this.rateFreeAt.set(queue, Date.now() + Math.max(0, budget.rate_free_in_ms ?? 0));
-        return [];
-      }
+      const windowFull = budget.rate_max !== null && budget.rate_max - (budget.recent_starts ?? 0) <= 0;
+      this.flowRouting.noteRateWindow(queue, windowFull ? (budget.rate_free_in_ms ?? 0) : null);
+      if (windowFull) return [];
       if (budget.rate_max !== null) room = Math.min(room, budget.rate_max - (budget.recent_starts ?? 0));
       if (room <= 0) return [];
       // Jobs without a key (and ordered groups) are one more lane in the turn: all the room when
@@ -365,7 +360,7 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
         request.leaseMs,
         request.workerId,
         budget.at,
-        Math.min(left + FLOW_KEYS_AHEAD, FLOW_KEYS_MAX),
+        flowKeysToWalk(left),
         budget.concurrency_per_key,
         budget.key_rate_max,
         budget.key_rate_per_ms,
@@ -1184,13 +1179,6 @@ interface FlowBudgetRow {
   keyed_work: boolean;
   plain_work: boolean;
 }
-
-/**
- * Keys a flow claim looks at beyond its budget (some may be at their limit), and at most: each
- * is one descent of jobs_key_ready_ix and one of jobs_key_leased_ix.
- */
-const FLOW_KEYS_AHEAD = 16;
-const FLOW_KEYS_MAX = 1_000;
 
 function toJobRecord(row: Row): JobRecord {
   return {

@@ -12,7 +12,7 @@ import {
   WAITING_GROUP,
 } from './groups.queries.js';
 import { atomically, MSSQL_STORE_SESSION } from './session.js';
-import { CLAIM_HINTS, isPaused } from './shared.js';
+import { CLAIM_HINTS, HAS_LIMITS, isPaused } from './shared.js';
 import type { MssqlTables } from './tables.js';
 
 // A leased job cancel() marked never goes back to waiting: where it would (a give-back, a batch
@@ -25,22 +25,62 @@ function canceledNow(j: string): string {
   return `CASE WHEN ${j}.[CancelRequestedAt] IS NOT NULL THEN SYSUTCDATETIME() END`;
 }
 
-// A claim's ungrouped jobs (@jobUnits of them): the seed's READPAST claim of the ready index.
-function candidateJobs(t: MssqlTables): string {
+/** The claimed jobs of a claim batch, which CLAIMED_ROWS returns. */
+export const CLAIMED_TABLE = `DECLARE @claimed TABLE (
+  [Id] bigint NOT NULL, [Queue] nvarchar(128) NOT NULL, [Payload] nvarchar(max) NOT NULL, [Priority] int NOT NULL,
+  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL, [IdempotencyKey] nvarchar(255) NULL, [Attempts] int NOT NULL,
+  [MaxAttempts] int NOT NULL, [ClaimToken] uniqueidentifier NOT NULL, [CreatedAt] datetime2(3) NOT NULL,
+  [ClaimedAt] datetime2(3) NOT NULL, [LeaseUntil] datetime2(3) NOT NULL,
+  [UnitPriority] int NULL, [UnitAt] datetime2(3) NULL, [UnitId] bigint NOT NULL, [TraceContext] varchar(2048) NULL,
+  [ConcurrencyKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL);
+`;
+
+/** The answer of a claim batch: its jobs in claim order (a group's batch in id order). */
+export const CLAIMED_ROWS = `SELECT CAST([Id] AS varchar(20)) AS [Id], [Queue], [Payload], [Priority], [GroupKey], [IdempotencyKey], [Attempts], [MaxAttempts],
+       CAST([ClaimToken] AS char(36)) AS [ClaimToken], [CreatedAt], [ClaimedAt], [LeaseUntil], [TraceContext], [ConcurrencyKey]
+FROM @claimed
+ORDER BY [UnitPriority] DESC, [UnitAt], [UnitId], [Id];`;
+
+/**
+ * The SET of a lease and its OUTPUT into @claimed (CLAIMED_TABLE's columns, in order), lines
+ * indented by `indent`: `token` the new claim token, `attempts` the column counted up, `unit` the
+ * claim unit's priority, time and id the answer is ordered by.
+ */
+export function leaseAndAnswer(
+  clock: LeaseClock,
+  lease: { token: string; attempts: string; unit: string },
+  indent: string,
+): string {
+  return `SET [State] = 'leased', [ClaimToken] = ${lease.token}, [Attempts] = ${lease.attempts} + 1,
+    [LeaseUntil] = DATEADD(millisecond, @leaseMs, ${clock.leaseAt}), [ClaimedAt] = ${clock.leaseAt}, [WorkerId] = @workerId
+OUTPUT inserted.[Id], inserted.[Queue], inserted.[Payload], inserted.[Priority], inserted.[GroupKey], inserted.[IdempotencyKey],
+       inserted.[Attempts], inserted.[MaxAttempts], inserted.[ClaimToken], inserted.[CreatedAt], inserted.[ClaimedAt],
+       inserted.[LeaseUntil], ${lease.unit}, inserted.[TraceContext], inserted.[ConcurrencyKey]
+INTO @claimed`
+    .split('\n')
+    .map((line) => indent + line)
+    .join('\n');
+}
+
+/** The time a lease starts at: SYSUTCDATETIME() in the ordinary claim, the flow claim's @leaseAt in its. */
+interface LeaseClock {
+  leaseAt: string;
+}
+
+const STATEMENT_CLOCK: LeaseClock = { leaseAt: 'SYSUTCDATETIME()' };
+
+// A claim's ungrouped jobs without a concurrency key (@jobUnits of them): the seed's READPAST
+// claim of the ready index (IX_Jobs_Claim, which holds neither grouped nor keyed jobs).
+function candidateJobs(t: MssqlTables, clock: LeaseClock): string {
   const { jobs } = t;
   return `  WITH candidate AS (
     SELECT TOP (@jobUnits) *
     FROM ${jobs} WITH (${CLAIM_HINTS})
-    WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()
+    WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [ConcurrencyKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()
     ORDER BY [Priority] DESC, [RunAt], [Id]
   )
   UPDATE candidate
-  SET [State] = 'leased', [ClaimToken] = NEWID(), [Attempts] = [Attempts] + 1,
-      [LeaseUntil] = DATEADD(millisecond, @leaseMs, SYSUTCDATETIME()), [ClaimedAt] = SYSUTCDATETIME(), [WorkerId] = @workerId
-  OUTPUT inserted.[Id], inserted.[Queue], inserted.[Payload], inserted.[Priority], inserted.[GroupKey], inserted.[IdempotencyKey],
-         inserted.[Attempts], inserted.[MaxAttempts], inserted.[ClaimToken], inserted.[CreatedAt], inserted.[ClaimedAt],
-         inserted.[LeaseUntil], inserted.[Priority], inserted.[RunAt], inserted.[Id], inserted.[TraceContext]
-  INTO @claimed;`;
+${leaseAndAnswer(clock, { token: 'NEWID()', attempts: '[Attempts]', unit: 'inserted.[Priority], inserted.[RunAt], inserted.[Id]' }, '  ')};`;
 }
 
 // The group side of a claim (@groupUnits groups), in one short transaction with the claim's
@@ -72,7 +112,7 @@ function candidateJobs(t: MssqlTables): string {
 //    back, a stale head) is not held: its head is recomputed from a dirty read (which sees an
 //    uncommitted job, so a rolled-back one never strands the group), and it waits
 //    (IX_Groups_Waiting) for STALE_HEAD_PAUSE_MS; a group with no unfinished job left is deleted.
-function groupClaim(t: MssqlTables): string {
+function groupClaim(t: MssqlTables, clock: LeaseClock, inTransaction: (body: string) => string): string {
   const { jobs, groups } = t;
   return `  DECLARE @held TABLE (
     [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY, [HeadId] bigint NOT NULL,
@@ -82,7 +122,7 @@ function groupClaim(t: MssqlTables): string {
   DECLARE @members TABLE (
     [Id] bigint NOT NULL PRIMARY KEY, [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL,
     [Seq] bigint NOT NULL, [Runnable] bit NOT NULL);
-${atomically(`${candidateJobs(t)}
+${inTransaction(`${candidateJobs(t, clock)}
   WITH g AS (
     SELECT TOP (@groupUnits) *
     FROM ${groups} WITH (${CLAIM_HINTS})
@@ -124,12 +164,7 @@ ${atomically(`${candidateJobs(t)}
      OR NOT EXISTS (SELECT 1 FROM @members AS f INNER JOIN @held AS h ON h.[GroupKey] = f.[GroupKey]
                     WHERE f.[GroupKey] = m.[GroupKey] AND f.[Seq] = 1 AND f.[Id] <= h.[HeadId]);
   UPDATE j
-  SET [State] = 'leased', [ClaimToken] = h.[Token], [Attempts] = j.[Attempts] + 1,
-      [LeaseUntil] = DATEADD(millisecond, @leaseMs, SYSUTCDATETIME()), [ClaimedAt] = SYSUTCDATETIME(), [WorkerId] = @workerId
-  OUTPUT inserted.[Id], inserted.[Queue], inserted.[Payload], inserted.[Priority], inserted.[GroupKey], inserted.[IdempotencyKey],
-         inserted.[Attempts], inserted.[MaxAttempts], inserted.[ClaimToken], inserted.[CreatedAt], inserted.[ClaimedAt],
-         inserted.[LeaseUntil], h.[HeadPriority], h.[HeadReadyAt], h.[HeadId], inserted.[TraceContext]
-  INTO @claimed
+${leaseAndAnswer(clock, { token: 'h.[Token]', attempts: 'j.[Attempts]', unit: 'h.[HeadPriority], h.[HeadReadyAt], h.[HeadId]' }, '  ')}
   FROM ${jobs} AS j WITH (ROWLOCK)
   INNER JOIN @members AS m ON m.[Id] = j.[Id]
   INNER JOIN @held AS h ON h.[GroupKey] = m.[GroupKey]
@@ -178,24 +213,53 @@ ${atomically(`${candidateJobs(t)}
 // as the order always is: a row another claimer holds is passed over). See groupClaim for
 // the group side.
 export function claim(t: MssqlTables): string {
-  const { jobs, groups, pauses } = t;
-  return `${MSSQL_STORE_SESSION}DECLARE @claimed TABLE (
-  [Id] bigint NOT NULL, [Queue] nvarchar(128) NOT NULL, [Payload] nvarchar(max) NOT NULL, [Priority] int NOT NULL,
-  [GroupKey] nvarchar(255) COLLATE Latin1_General_100_BIN2 NULL, [IdempotencyKey] nvarchar(255) NULL, [Attempts] int NOT NULL,
-  [MaxAttempts] int NOT NULL, [ClaimToken] uniqueidentifier NOT NULL, [CreatedAt] datetime2(3) NOT NULL,
-  [ClaimedAt] datetime2(3) NOT NULL, [LeaseUntil] datetime2(3) NOT NULL,
-  [UnitPriority] int NULL, [UnitAt] datetime2(3) NULL, [UnitId] bigint NOT NULL, [TraceContext] varchar(2048) NULL);
-DECLARE @groupUnits int = 0, @jobUnits int;
--- A paused queue leases nothing: every TOP below takes 0 rows.
-SET @limit = CASE WHEN ${isPaused(pauses, '@queue')} THEN 0 ELSE @limit END;
-WITH due AS (
-  SELECT TOP (@limit) *
+  const { jobs, pauses, settings } = t;
+  return `${MSSQL_STORE_SESSION}${CLAIMED_TABLE}DECLARE @handOver bit = CASE WHEN EXISTS (
+  SELECT 1 FROM ${settings} AS s WHERE s.[Queue] = @queue AND ${HAS_LIMITS}) THEN 1 ELSE 0 END;
+-- A paused queue leases nothing: every TOP below takes 0 rows. Nor does a queue whose consumers
+-- recorded flow limits: only the flow claim applies them (flow.queries.ts).
+SET @limit = CASE WHEN ${isPaused(pauses, '@queue')} OR @handOver = 1 THEN 0 ELSE @limit END;
+${claimUnits(t, STATEMENT_CLOCK, atomically)}
+${CLAIMED_ROWS}
+-- Keyed ready jobs are not this batch's (they wait in IX_Jobs_KeyReady, outside its reads), nor is
+-- a queue with recorded limits: a second result says so, and the store takes the queue's flow
+-- claim from then on.
+IF @handOver = 1 OR EXISTS (
+  SELECT 1 FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
+  WHERE [Queue] = @queue AND [State] = 'ready' AND [ConcurrencyKey] IS NOT NULL
+)
+  SELECT CAST(1 AS bit) AS [FlowClaim];`;
+}
+
+/**
+ * Up to `top` due delayed jobs without a group made ready, oldest first (keyed ones included: a
+ * concurrency key is never combined with a group), as its own statement, so that the reads after
+ * it see them. Each line starts with `indent`.
+ */
+export function promoteDueJobs(jobs: string, top: string, indent: string): string {
+  return `WITH due AS (
+  SELECT TOP (${top}) *
   FROM ${jobs} WITH (${CLAIM_HINTS})
   WHERE [Queue] = @queue AND [State] = 'delayed' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()
   ORDER BY [RunAt], [Id]
 )
 UPDATE due
-SET [State] = 'ready';
+SET [State] = 'ready';`
+    .split('\n')
+    .map((line) => indent + line)
+    .join('\n');
+}
+
+/**
+ * The claim's work on @limit units (the caller sets @limit; @claimed declared): the promotions,
+ * the count of group units, and the leases, without a session prefix or an answer. The ordinary
+ * claim runs the group side in a transaction of its own (`inTransaction` = atomically); the
+ * flow claim, already in its transaction, runs it as it is.
+ */
+export function claimUnits(t: MssqlTables, clock: LeaseClock, inTransaction: (body: string) => string): string {
+  const { jobs, groups } = t;
+  return `DECLARE @groupUnits int = 0, @jobUnits int;
+${promoteDueJobs(jobs, '@limit', '')}
 WITH promoted AS (
   SELECT TOP (@limit) *
   FROM ${groups} WITH (${CLAIM_HINTS})
@@ -219,7 +283,8 @@ IF EXISTS (
       SELECT j.[Kind], j.[Priority], j.[RunAt], j.[Id] FROM (
         SELECT TOP (@limit) 0 AS [Kind], [Priority], [RunAt], [Id]
         FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
-        WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()
+        WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [ConcurrencyKey] IS NULL
+          AND [RunAt] <= SYSUTCDATETIME()
         ORDER BY [Priority] DESC, [RunAt], [Id]) AS j
     ) AS u
     ORDER BY u.[Priority] DESC, u.[RunAt], u.[Id]
@@ -229,17 +294,13 @@ IF EXISTS (
 IF @groupUnits = 0
 BEGIN
   SET @jobUnits = @limit;
-${candidateJobs(t)}
+${candidateJobs(t, clock)}
 END
 ELSE
 BEGIN
   SET @jobUnits = @limit - @groupUnits;
-${groupClaim(t)}
-END;
-SELECT CAST([Id] AS varchar(20)) AS [Id], [Queue], [Payload], [Priority], [GroupKey], [IdempotencyKey], [Attempts], [MaxAttempts],
-       CAST([ClaimToken] AS char(36)) AS [ClaimToken], [CreatedAt], [ClaimedAt], [LeaseUntil], [TraceContext]
-FROM @claimed
-ORDER BY [UnitPriority] DESC, [UnitAt], [UnitId], [Id];`;
+${groupClaim(t, clock, inTransaction)}
+END;`;
 }
 
 // @items HeartbeatListV2 (Progress: JSON text reported since the last write, or NULL: unchanged).
@@ -391,6 +452,32 @@ export function postpone(t: MssqlTables): string {
   return giveBack(t, true);
 }
 
+// Under rateLimitPerKey a postponed job's whole key waits (the outside limit is the key's): its
+// FlowState row (Lane = the key) holds the latest wait, which flow claims respect. The row is
+// made if missing under UPDLOCK + HOLDLOCK (a concurrent postpone of the key waits for it, then
+// updates it), then moved to the later of the two waits.
+function keyWaits(t: MssqlTables): string {
+  const { jobs, settings, flowState } = t;
+  return `
+  IF EXISTS (SELECT 1 FROM @released AS r INNER JOIN ${jobs} AS j ON j.[Id] = r.[Id]
+             WHERE j.[ConcurrencyKey] IS NOT NULL AND j.[State] = 'delayed')
+  BEGIN
+    INSERT INTO @keyWaits ([Queue], [Lane], [Until])
+    SELECT j.[Queue], j.[ConcurrencyKey], MAX(j.[RunAt])
+    FROM @released AS r INNER JOIN ${jobs} AS j ON j.[Id] = r.[Id]
+    WHERE j.[ConcurrencyKey] IS NOT NULL AND j.[State] = 'delayed'
+      AND EXISTS (SELECT 1 FROM ${settings} AS s WHERE s.[Queue] = j.[Queue] AND s.[KeyRateMax] IS NOT NULL)
+    GROUP BY j.[Queue], j.[ConcurrencyKey];
+    INSERT INTO ${flowState} WITH (ROWLOCK) ([Queue], [Lane], [BlockedUntil])
+    SELECT w.[Queue], w.[Lane], w.[Until] FROM @keyWaits AS w
+    WHERE NOT EXISTS (SELECT 1 FROM ${flowState} AS f WITH (UPDLOCK, HOLDLOCK) WHERE f.[Queue] = w.[Queue] AND f.[Lane] = w.[Lane]);
+    UPDATE f
+    SET [BlockedUntil] = CASE WHEN f.[BlockedUntil] > w.[Until] THEN f.[BlockedUntil] ELSE w.[Until] END, [UpdatedAt] = SYSUTCDATETIME()
+    FROM ${flowState} AS f WITH (ROWLOCK)
+    INNER JOIN @keyWaits AS w ON f.[Queue] = w.[Queue] AND f.[Lane] = w.[Lane];
+  END;`;
+}
+
 function giveBack(t: MssqlTables, postponed: boolean): string {
   const { jobs, groups } = t;
   const state = postponed
@@ -401,7 +488,13 @@ function giveBack(t: MssqlTables, postponed: boolean): string {
       [RunAt] = CASE WHEN j.[CancelRequestedAt] IS NULL AND i.[DelayMs] > 0
                      THEN DATEADD(millisecond, i.[DelayMs], SYSUTCDATETIME()) ELSE j.[RunAt] END,`
     : '';
-  return `${MSSQL_STORE_SESSION}${movedJobsTable('@released')}${TOUCHED_GROUPS}${atomically(`  UPDATE j
+  const waits = postponed
+    ? `DECLARE @keyWaits TABLE (
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL, [Lane] nvarchar(255) COLLATE Latin1_General_100_BIN2 NOT NULL,
+  [Until] datetime2(3) NOT NULL, PRIMARY KEY ([Queue], [Lane]));
+`
+    : '';
+  return `${MSSQL_STORE_SESSION}${movedJobsTable('@released')}${TOUCHED_GROUPS}${waits}${atomically(`  UPDATE j
   SET [State] = ${state},${runAt} [FinishedAt] = ${canceledNow('j')},
       [Attempts] = CASE WHEN j.[Attempts] > 0 THEN j.[Attempts] - 1 ELSE 0 END, [ClaimToken] = NULL,
       [LeaseUntil] = NULL, [ClaimedAt] = NULL, [WorkerId] = NULL
@@ -409,7 +502,7 @@ function giveBack(t: MssqlTables, postponed: boolean): string {
   INTO @released ([Id], [Queue], [GroupKey], [Token])
   FROM ${jobs} AS j WITH (ROWLOCK)
   INNER JOIN @items AS i ON j.[Id] = i.[Id] AND j.[ClaimToken] = i.[Token]
-  WHERE j.[State] = 'leased';
+  WHERE j.[State] = 'leased';${postponed ? keyWaits(t) : ''}
 ${settleMovedGroups('@released', jobs, groups)}`)}
 SELECT CAST(i.[Id] AS varchar(20)) AS [Id], CASE WHEN r.[Id] IS NOT NULL THEN 'ok' ELSE 'lost' END AS [Outcome]
 FROM @items AS i LEFT JOIN @released AS r ON r.[Id] = i.[Id];`;
@@ -421,7 +514,10 @@ export function hasClaimableWork(t: MssqlTables): string {
   const { jobs, groups, pauses } = t;
   return `${MSSQL_STORE_SESSION}SELECT CAST(CASE WHEN ${isPaused(pauses, '@queue')} THEN 0 WHEN EXISTS (
   SELECT 1 FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
-  WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()
+  WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [ConcurrencyKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()
+) OR EXISTS (
+  SELECT 1 FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
+  WHERE [Queue] = @queue AND [State] = 'ready' AND [ConcurrencyKey] IS NOT NULL
 ) OR EXISTS (
   SELECT 1 FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
   WHERE [Queue] = @queue AND [State] = 'delayed' AND [GroupKey] IS NULL AND [RunAt] <= SYSUTCDATETIME()

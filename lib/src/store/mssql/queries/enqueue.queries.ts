@@ -13,7 +13,7 @@ import { shiftedNow, takeKeyLock } from './shared.js';
 import type { MssqlTables } from './tables.js';
 
 // @queue, @payload, @priority, @runAt (null: now + @delayMs), @delayMs bigint, @groupKey,
-// @idempotencyKey, @maxAttempts (null: the queue's recorded setting), @defaultMaxAttempts,
+// @idempotencyKey, @concurrencyKey, @maxAttempts (null: the queue's recorded setting), @defaultMaxAttempts,
 // @traceContext, @inTransaction (1: the caller's open transaction; see ENQUEUE_SESSION and keyedWork).
 // The setting is read into a variable first: COALESCE((subquery), …) runs the subquery twice.
 // With a key: the key's lock, then the existence check; the job's id is the existing one or
@@ -25,7 +25,7 @@ export function enqueueOne(t: MssqlTables): string {
 // ROWLOCK on both enqueue statements: READPAST skips locked rows but not locked pages, so
 // a large insert in a caller's long transaction must not take page locks that claims and
 // monitoring reads would then wait on (lock escalation is already off for the table).
-// @jobs JobInputListV3 with Ord = 0..n-1, @inTransaction. A range of ids is reserved first, so
+// @jobs JobInputListV4 with Ord = 0..n-1, @inTransaction. A range of ids is reserved first, so
 // every input row knows its id (first + Ord) whether or not it is inserted, and results come
 // back in input order. The first row of a key within the batch is the one inserted; later
 // ones get its id. First rows are found in one pass (ROW_NUMBER over the key: the table type
@@ -49,18 +49,24 @@ export function enqueueManyGrouped(t: MssqlTables): string {
   return enqueueStatements(t.schema).enqueueMany(true);
 }
 
-// @queue, @maxAttempts, @groupOnDead ('continue' | 'block'): insert or update one queue's
-// settings. The UPDATE's UPDLOCK + HOLDLOCK hold the key (or, when it is missing, its range)
+// @queue, @maxAttempts, @groupOnDead ('continue' | 'block'), the flow limits (@globalConcurrency,
+// @concurrencyPerKey, @rateMax, @ratePerMs, @keyRateMax, @keyRatePerMs; null: none): insert or
+// update one queue's settings (the last consumer to boot wins, as on PostgreSQL). The UPDATE's UPDLOCK + HOLDLOCK hold the key (or, when it is missing, its range)
 // until commit, so two processes recording the same new queue at once serialize: the second
 // updates the row the first inserted instead of failing on the primary key. (Boot-time only:
 // the range lock on a missing queue costs nothing here.)
 export function recordQueueSetting(t: MssqlTables): string {
   const { settings } = t;
   return `${MSSQL_STORE_SESSION}${atomically(`  UPDATE ${settings} WITH (UPDLOCK, HOLDLOCK)
-  SET [MaxAttempts] = @maxAttempts, [GroupOnDead] = @groupOnDead, [UpdatedAt] = SYSUTCDATETIME()
+  SET [MaxAttempts] = @maxAttempts, [GroupOnDead] = @groupOnDead, [GlobalConcurrency] = @globalConcurrency,
+      [ConcurrencyPerKey] = @concurrencyPerKey, [RateMax] = @rateMax, [RatePerMs] = @ratePerMs, [KeyRateMax] = @keyRateMax,
+      [KeyRatePerMs] = @keyRatePerMs, [UpdatedAt] = SYSUTCDATETIME()
   WHERE [Queue] = @queue;
   IF @@ROWCOUNT = 0
-    INSERT INTO ${settings} ([Queue], [MaxAttempts], [GroupOnDead]) VALUES (@queue, @maxAttempts, @groupOnDead);`)}`;
+    INSERT INTO ${settings} ([Queue], [MaxAttempts], [GroupOnDead], [GlobalConcurrency], [ConcurrencyPerKey], [RateMax], [RatePerMs],
+                             [KeyRateMax], [KeyRatePerMs])
+    VALUES (@queue, @maxAttempts, @groupOnDead, @globalConcurrency, @concurrencyPerKey, @rateMax, @ratePerMs, @keyRateMax,
+            @keyRatePerMs);`)}`;
 }
 
 /**
@@ -225,9 +231,9 @@ ${takeKeyLock('    ')}
   BEGIN
     SET @id = @firstId;
     INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts],
-                                        [TraceContext])
+                                        [TraceContext], [ConcurrencyKey])
     VALUES (@firstId, @queue, ${stateFor(oneRunAt)}, @payload, @priority, ${oneRunAt}, @groupKey, @idempotencyKey, @jobMaxAttempts,
-            @traceContext);
+            @traceContext, @concurrencyKey);
 ${grouped ? joinGroupOne : ''}  END;`)}
 SELECT CAST(@id AS varchar(20)) AS [Id], @created AS [Created];`;
   // enqueueMany's work on @jobs (ENQUEUE_NOW first), without its session prefix and its answer:
@@ -265,12 +271,12 @@ ${takeKeyLock('    ')}
                         AND j.[IdempotencyKey] IS NOT NULL)
   FROM @keys AS k;
   INSERT INTO ${jobs} WITH (ROWLOCK) ([Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey], [IdempotencyKey], [MaxAttempts],
-                                      [TraceContext])
+                                      [TraceContext], [ConcurrencyKey])
   OUTPUT ${grouped ? 'inserted.[Id], inserted.[Queue], inserted.[GroupKey], inserted.[RunAt], inserted.[Priority] INTO @inserted ([Id], [Queue], [GroupKey], [RunAt], [Priority])' : 'inserted.[Id] INTO @inserted ([Id])'}
   SELECT @firstId + i.[Ord], i.[Queue], ${stateFor(manyRunAt)}, i.[Payload], i.[Priority],
          ${manyRunAt},
          i.[GroupKey], i.[IdempotencyKey], COALESCE(i.[MaxAttempts], q.[MaxAttempts], i.[DefaultMaxAttempts]),
-         i.[TraceContext]
+         i.[TraceContext], i.[ConcurrencyKey]
   FROM @jobs AS i
   LEFT JOIN @keys AS k ON k.[Queue] = i.[Queue] AND k.[IdempotencyKey] = i.[IdempotencyKey]
   LEFT JOIN ${settings} AS q ON q.[Queue] = i.[Queue]
@@ -288,7 +294,7 @@ ORDER BY i.[Ord];`;
 }
 
 /**
- * The work of enqueueManyGrouped on the jobs of table variable @jobs (JobInputListV3, Ord 0..n-1,
+ * The work of enqueueManyGrouped on the jobs of table variable @jobs (JobInputListV4, Ord 0..n-1,
  * at least one row), inside the transaction already open on the session, for a batch that
  * declares `@jobs` and `DECLARE @inTransaction bit = 1;` itself and sets its session options:
  * the Service Broker receiver moves received messages into the table queue with it, in the

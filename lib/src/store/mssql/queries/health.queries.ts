@@ -1,7 +1,7 @@
 // Measurements: per-queue stats, the bounded health reading, ping, throughput buckets.
 import { UNFINISHED_GROUPED } from './groups.queries.js';
 import { atomically, MSSQL_STORE_SESSION } from './session.js';
-import { isPaused } from './shared.js';
+import { isPaused, READY_KEYED, READY_UNKEYED } from './shared.js';
 import type { MssqlTables } from './tables.js';
 
 // Each figure reads one filtered index that covers it (Attempts is included in the ready
@@ -23,23 +23,29 @@ SELECT @groupedReady = COUNT_BIG(CASE WHEN [State] <> 'leased' AND [RunAt] <= @n
 FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
 WHERE [Queue] = @queue AND ${UNFINISHED_GROUPED};
 SELECT
-  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] <= @now)
+  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND ${READY_UNKEYED} AND [RunAt] <= @now)
+  + (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND ${READY_KEYED} AND [RunAt] <= @now)
   + (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'delayed' AND [GroupKey] IS NULL AND [RunAt] <= @now)
   + @groupedReady AS [Ready],
   (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'delayed' AND [GroupKey] IS NULL AND [RunAt] > @now)
-  + (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] > @now)
+  + (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND ${READY_UNKEYED} AND [RunAt] > @now)
+  + (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND ${READY_KEYED} AND [RunAt] > @now)
   + @groupedDelayed AS [Delayed],
   (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'leased') AS [Leased],
   (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'leased' AND [LeaseUntil] < @now) AS [ExpiredLeases],
   (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'dead') AS [Dead],
-  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [Attempts] > 0)
+  (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND ${READY_UNKEYED} AND [Attempts] > 0)
+  + (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND ${READY_KEYED} AND [Attempts] > 0)
   + (SELECT COUNT_BIG(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'delayed' AND [GroupKey] IS NULL AND [Attempts] > 0)
   + @groupedRetrying AS [Retrying],
   (SELECT COUNT_BIG(*) FROM ${groups} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [Blocked] = 1) AS [BlockedGroups],
   CAST(CASE WHEN ${isPaused(pauses, '@queue')} THEN 1 ELSE 0 END AS bit) AS [Paused],
   (SELECT DATEDIFF_BIG(millisecond, MIN(w.[RunAt]), @now) FROM (
      SELECT MIN([RunAt]) AS [RunAt] FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
-     WHERE [Queue] = @queue AND [State] = 'ready' AND [GroupKey] IS NULL AND [RunAt] <= @now
+     WHERE [Queue] = @queue AND ${READY_UNKEYED} AND [RunAt] <= @now
+     UNION ALL
+     SELECT MIN([RunAt]) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
+     WHERE [Queue] = @queue AND ${READY_KEYED} AND [RunAt] <= @now
      UNION ALL
      SELECT MIN([RunAt]) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK)
      WHERE [Queue] = @queue AND [State] = 'delayed' AND [GroupKey] IS NULL AND [RunAt] <= @now
@@ -121,7 +127,9 @@ INSERT INTO @ready ([Queue], [Ready], [Delayed], [Retrying], [Repeated], [Oldest
 SELECT [Queue], COUNT_BIG(CASE WHEN [RunAt] <= @now THEN 1 END), COUNT_BIG(CASE WHEN [RunAt] > @now THEN 1 END),
        COUNT_BIG(CASE WHEN [Attempts] > 0 THEN 1 END), COUNT_BIG(CASE WHEN [Attempts] >= @repeated THEN 1 END),
        MIN(CASE WHEN [RunAt] <= @now THEN [RunAt] END)
-FROM (SELECT [Queue], [RunAt], [Attempts] FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [State] = 'ready' AND [GroupKey] IS NULL
+FROM (SELECT [Queue], [RunAt], [Attempts] FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE ${READY_UNKEYED}
+      UNION ALL
+      SELECT [Queue], [RunAt], [Attempts] FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE ${READY_KEYED}
       UNION ALL
       SELECT [Queue], [RunAt], [Attempts] FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [State] = 'delayed' AND [GroupKey] IS NULL
       UNION ALL

@@ -2,6 +2,7 @@
 import { DONE_SCAN_LIMIT, GROUP_SCAN_LIMIT, JOB_PREVIEW_CHARS } from '../../../core/types.js';
 import { UNFINISHED_GROUPED } from './groups.queries.js';
 import { MSSQL_STORE_SESSION } from './session.js';
+import { READY_KEYED, READY_UNKEYED } from './shared.js';
 import type { MssqlTables } from './tables.js';
 
 export function getJob(t: MssqlTables): string {
@@ -37,12 +38,14 @@ ORDER BY j.[Id];`;
 // (group key), @keyId. A first page starts from a position before every job.
 // Every read carries LIST_HINTS: rows locked at this instant are left out of the page.
 // Claim order through IX_Jobs_Claim (priority descending, run time, id; the position's
-// priority from 2^31 - 1 for a first page), then the grouped part.
+// priority from 2^31 - 1 for a first page), merged with the queue's keyed ready jobs
+// (IX_Jobs_KeyReady, in key order: a top-N sort over them, as on PostgreSQL), then the grouped
+// part.
 export function listReadyJobs(t: MssqlTables): string {
   const { jobs } = t;
   return `${MSSQL_STORE_SESSION}${LIST_PAGE}${ungroupedPart(
     jobs,
-    READY_UNGROUPED,
+    [READY_UNKEYED, READY_KEYED],
     `@fromInt = ISNULL(@keyInt, 2147483647), @fromAt = ISNULL(@keyAt, ${EARLIEST}), @fromId = ISNULL(@keyId, 0)`,
     [
       { column: 'Priority', desc: true, from: '@fromInt' },
@@ -119,10 +122,10 @@ ${listedJobs(jobs, 'dead')}`;
 
 const JOB_COLUMNS = `CAST([Id] AS varchar(20)) AS [Id], [Queue], [State], [Payload], [Priority], [RunAt], [GroupKey],
   [IdempotencyKey], [Attempts], [MaxAttempts], CAST([ClaimToken] AS char(36)) AS [ClaimToken], [LeaseUntil], [WorkerId],
-  [CreatedAt], [ClaimedAt], [FinishedAt], [LastError], [CancelRequestedAt], [CancelReason], [Result], [Progress]`;
+  [CreatedAt], [ClaimedAt], [FinishedAt], [LastError], [CancelRequestedAt], [CancelReason], [Result], [Progress],
+  [ConcurrencyKey]`;
 
-/** The filters of the indexes the listings read, literally (see CLAIMABLE_GROUP). */
-export const READY_UNGROUPED = "[State] = 'ready' AND [GroupKey] IS NULL";
+/** The filters of the indexes the listings read, literally (see CLAIMABLE_GROUP; READY_UNKEYED, READY_KEYED). */
 
 export const DELAYED_UNGROUPED = "[State] = 'delayed' AND [GroupKey] IS NULL";
 
@@ -184,7 +187,7 @@ interface ListKey {
 function keysetWalk(
   jobs: string,
   part: 1 | 2,
-  filter: string,
+  filter: string | readonly [string, string],
   keys: readonly ListKey[],
   orderBy = keys.map((key) => `[${key.column}]${key.desc ? ' DESC' : ''}`).join(', '),
   indent = '',
@@ -200,14 +203,32 @@ function keysetWalk(
       ...keys.slice(0, k).map((before) => `[${before.column}] = ${before.from}`),
       `[${key.column}] ${key.desc ? '<' : '>'} ${key.from}`,
     ];
+    // Two filters (two indexes): each read takes the next rows of both ranges and merges them.
+    const source =
+      typeof filter === 'string'
+        ? [`  FROM ${jobs} WITH (${LIST_HINTS})`, `  WHERE [Queue] = @queue AND ${filter} AND ${after.join(' AND ')}`]
+        : [
+            '  FROM (',
+            ...filter.map((one, n) =>
+              [
+                n === 0 ? '' : '    UNION ALL\n  ',
+                `    SELECT r${n}.* FROM (SELECT TOP (@want - @got) [Id], ${keys
+                  .filter((k) => k.column !== 'Id')
+                  .map((k) => `[${k.column}]`)
+                  .join(', ')}`,
+                ` FROM ${jobs} WITH (${LIST_HINTS}) WHERE [Queue] = @queue AND ${one} AND ${after.join(' AND ')}`,
+                ` ORDER BY ${orderBy}) AS r${n}`,
+              ].join(''),
+            ),
+            '  ) AS u',
+          ];
     reads.push(
       [
         'IF @got < @want',
         'BEGIN',
         '  INSERT INTO @page ([Seq], [Part], [Id], [KeyInt], [KeyAt], [KeyText])',
         `  SELECT TOP (@want - @got) @got + ROW_NUMBER() OVER (ORDER BY ${orderBy}), ${part}, [Id], ${kept('@fromInt')}, ${kept('@fromAt')}, ${kept('@fromText')}`,
-        `  FROM ${jobs} WITH (${LIST_HINTS})`,
-        `  WHERE [Queue] = @queue AND ${filter} AND ${after.join(' AND ')}`,
+        ...source,
         `  ORDER BY ${orderBy};`,
         '  SET @got = @got + @@ROWCOUNT;',
         'END;',
@@ -223,7 +244,12 @@ function keysetWalk(
  * The ungrouped part of a ready or delayed listing (@part 1, or a first page): `from` sets the
  * @from variables to the cursor's position, or to one before every job.
  */
-function ungroupedPart(jobs: string, filter: string, from: string, keys: readonly ListKey[]): string {
+function ungroupedPart(
+  jobs: string,
+  filter: string | readonly [string, string],
+  from: string,
+  keys: readonly ListKey[],
+): string {
   return `IF @part IS NULL OR @part = 1
 BEGIN
   SELECT ${from};

@@ -53,3 +53,14 @@ ${indent}END;`;
 export function isPaused(pauses: string, queue: string): string {
   return `EXISTS (SELECT 1 FROM ${pauses} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = ${queue})`;
 }
+
+/** The queue's consumers recorded flow limits (alias s: its QueueSettings row). */
+export const HAS_LIMITS = `(s.[GlobalConcurrency] IS NOT NULL OR s.[ConcurrencyPerKey] IS NOT NULL OR s.[RateMax] IS NOT NULL
+  OR s.[KeyRateMax] IS NOT NULL)`;
+
+/**
+ * Ready jobs without a group or key (IX_Jobs_Claim) and ready keyed ones (IX_Jobs_KeyReady, from
+ * version 15): each predicate names its filtered index's own, so a read of either is a seek.
+ */
+export const READY_UNKEYED = "[State] = 'ready' AND [GroupKey] IS NULL AND [ConcurrencyKey] IS NULL";
+export const READY_KEYED = "[State] = 'ready' AND [ConcurrencyKey] IS NOT NULL";

@@ -13,6 +13,8 @@ export interface MssqlTables {
   schedules: string;
   throughput: string;
   pauses: string;
+  flowState: string;
+  flowStarts: string;
 }
 
 export function mssqlTables(schema: string): MssqlTables {
@@ -27,12 +29,14 @@ export function mssqlTables(schema: string): MssqlTables {
     schedules: `${s}.[Schedules]`,
     throughput: `${s}.[Throughput]`,
     pauses: `${s}.[QueuePauses]`,
+    flowState: `${s}.[FlowState]`,
+    flowStarts: `${s}.[FlowStarts]`,
   };
 }
 
 /** Table types; the store names them when it binds table-valued parameters. */
 export const MSSQL_TABLE_TYPES = {
-  jobInput: 'JobInputListV3',
+  jobInput: 'JobInputListV4',
   owned: 'OwnedJobList',
   completion: 'CompletionList',
   heartbeat: 'HeartbeatListV2',
