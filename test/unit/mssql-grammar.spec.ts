@@ -450,7 +450,7 @@ function indexesAfterMigrations(): Map<string, IndexModel> {
     for (const batch of migration.batches('sqlqueue')) {
       const m =
         /^CREATE (?:UNIQUE )?NONCLUSTERED INDEX \[(\w+)\] ON \[sqlqueue\]\.\[(\w+)\] \(([^)]*)\)(?: INCLUDE \(([^)]*)\))?(?: WHERE (.+?))?(?: WITH \(([^)]*)\))?;$/.exec(
-          batch,
+          batch.replace(/\s+/g, ' '),
         );
       if (!m) continue;
       const [, name, table, keys, include, filter, withOptions] = m;
@@ -520,6 +520,16 @@ describe('indexes after every migration serve the queries that need them (issue 
   const covers = (index: IndexModel | undefined, columns: string[]) =>
     columns.every((c) => index?.keys.includes(c) || index?.include.includes(c));
 
+  it("the flow claim counts a queue's and a key's leased jobs with a seek that leads with Queue (review of issue 24)", () => {
+    const leased = indexes.get('IX_Jobs_KeyLeased');
+    expect(leased).toMatchObject({ table: 'Jobs', keys: ['Queue', 'ConcurrencyKey'], filter: "[State] = 'leased'" });
+    const flow = mssqlQueries('sqlqueue').flowClaim.replace(/\s+/g, ' ');
+    expect(flow).toContain("(SELECT COUNT(*) FROM [sqlqueue].[Jobs] WHERE [Queue] = @queue AND [State] = 'leased')");
+    expect(flow).toContain(
+      "WHERE l.[Queue] = @queue AND l.[State] = 'leased' AND l.[ConcurrencyKey] IS NOT NULL AND l.[ConcurrencyKey] = w.[Key]",
+    );
+  });
+
   it('the reaper seeks leases by expiry across queues and stops after its batch', () => {
     const leased = jobsIndex("[State] = 'leased'");
     expect(leased?.keys[0]).toBe('LeaseUntil');
@@ -530,7 +540,7 @@ describe('indexes after every migration serve the queries that need them (issue 
   });
 
   it('the claim order is the ready index key, and the retrying figures read Attempts in it', () => {
-    const ready = jobsIndex("[State] = 'ready' AND [GroupKey] IS NULL");
+    const ready = jobsIndex("[State] = 'ready' AND [GroupKey] IS NULL AND [ConcurrencyKey] IS NULL");
     expect(ready?.keys).toEqual(['Queue', 'Priority', 'RunAt', 'Id']);
     expect(covers(ready, ['Attempts'])).toBe(true);
   });
@@ -745,8 +755,10 @@ describe('ordered groups (issue 11)', () => {
       keys: ['ClaimToken'],
       filter: "[State] = 'leased' AND [GroupKey] IS NOT NULL",
     });
-    // Grouped jobs leave the ungrouped claim path; the names and keys stay.
-    expect(indexes.get('IX_Jobs_Claim')).toMatchObject({ filter: "[State] = 'ready' AND [GroupKey] IS NULL" });
+    // Grouped jobs leave the ungrouped claim path (and, since version 15, keyed ones); the names and keys stay.
+    expect(indexes.get('IX_Jobs_Claim')).toMatchObject({
+      filter: "[State] = 'ready' AND [GroupKey] IS NULL AND [ConcurrencyKey] IS NULL",
+    });
     expect(indexes.get('IX_Jobs_Delayed')).toMatchObject({ filter: "[State] = 'delayed' AND [GroupKey] IS NULL" });
     expect(indexes.get('IX_Jobs_DeadFinished')!.include).toEqual(['IdempotencyKey', 'Queue', 'GroupKey']);
   });

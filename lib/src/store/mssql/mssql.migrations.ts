@@ -639,7 +639,7 @@ END;`,
     // queue's, the key for rateLimitPerKey's), one row per start, seeked by time. Keyed ready jobs
     // leave IX_Jobs_Claim for IX_Jobs_KeyReady, ordered by key, so the flow claim steps from key
     // to key (one seek each) and a key with a million jobs is one key; IX_Jobs_KeyLeased counts a
-    // key's slots. The nullable columns change metadata only; the longest possible Jobs row grows
+    // queue's and a key's slots. The nullable columns change metadata only; the longest possible Jobs row grows
     // by 510 bytes (about 6,500, within 8,060). IX_Jobs_Claim is re-keyed offline (as version 5
     // did): a claim of the previous release names no concurrency key, so it cannot use the new
     // index; stop that release's consumers before applying this version (docs/flow-control.md).
@@ -672,8 +672,13 @@ END;`,
   WHERE [State] = 'ready' AND [GroupKey] IS NULL AND [ConcurrencyKey] IS NULL WITH (DROP_EXISTING = ON, ALLOW_PAGE_LOCKS = OFF);`,
         `CREATE NONCLUSTERED INDEX [IX_Jobs_KeyReady] ON ${s}.[Jobs] ([Queue], [ConcurrencyKey], [Priority] DESC, [RunAt], [Id])
   INCLUDE ([Attempts]) WHERE [State] = 'ready' AND [ConcurrencyKey] IS NOT NULL WITH (ALLOW_PAGE_LOCKS = OFF);`,
+        // Every leased job, keyed or not: the flow claim counts a queue's (globalConcurrency) with
+        // a seek on Queue, and a key's (concurrencyPerKey) on both columns. IX_Jobs_Leased leads
+        // with LeaseUntil, so a count by queue there would read every queue's leases, waiting,
+        // under locking READ COMMITTED, on other queues' heartbeats and claims while it holds the
+        // queue's flow lock.
         `CREATE NONCLUSTERED INDEX [IX_Jobs_KeyLeased] ON ${s}.[Jobs] ([Queue], [ConcurrencyKey])
-  WHERE [State] = 'leased' AND [ConcurrencyKey] IS NOT NULL WITH (ALLOW_PAGE_LOCKS = OFF);`,
+  WHERE [State] = 'leased' WITH (ALLOW_PAGE_LOCKS = OFF);`,
         `CREATE TYPE ${s}.[JobInputListV4] AS TABLE (
   [Ord] int NOT NULL PRIMARY KEY,
   [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL,

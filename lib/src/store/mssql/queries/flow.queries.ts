@@ -257,7 +257,7 @@ GROUP BY k.[Key];
 SELECT s.[GlobalConcurrency], s.[ConcurrencyPerKey], s.[RateMax], s.[RatePerMs], s.[KeyRateMax], s.[KeyRatePerMs],
   (SELECT COUNT(*) FROM ${jobs} WITH (READPAST, READCOMMITTEDLOCK) WHERE [Queue] = @queue AND [State] = 'leased') AS [Running],
   CASE WHEN s.[RateMax] IS NOT NULL THEN
-    (SELECT COUNT(*) FROM ${flowStarts} AS st
+    (SELECT COUNT(*) FROM ${flowStarts} AS st WITH (READPAST, READCOMMITTEDLOCK)
      WHERE st.[Queue] = @queue AND st.[Lane] = N'' AND st.[At] > DATEADD(millisecond, -s.[RatePerMs], SYSUTCDATETIME())) END
     AS [WindowStarts],
   CASE WHEN s.[ConcurrencyPerKey] IS NOT NULL THEN
