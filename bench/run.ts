@@ -19,6 +19,7 @@ import { groupsCase } from './cases/groups.js';
 import { growthCase } from './cases/growth.js';
 import { idleCase } from './cases/idle.js';
 import { latencyCase } from './cases/latency.js';
+import { transactionalCase } from './cases/transactional.js';
 
 const args = process.argv.slice(2);
 const quick = args.includes('--quick');
@@ -42,6 +43,7 @@ const cases: [string, () => Promise<Result[]>][] = [
       ] as [string, () => Promise<Result[]>][])
     : []),
   ['flow', () => flowCase(POSTGRES, scale)],
+  ['transactional', () => transactionalCase(scale)],
   ['latency', () => latencyCase(PG_URL, quick ? 5 : 20)],
   ['growth', () => growthCase(PG_URL, quick ? 200_000 : 1_000_000, Math.round(20_000 * scale))],
   ['idle', () => idleCase(PG_URL, quick ? 10 : 30)],

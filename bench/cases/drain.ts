@@ -1,4 +1,5 @@
 import type { QueueOptions } from '../../lib/src/core/options.js';
+import type { JobContext } from '../../lib/src/core/consumer/handler.js';
 import type { QueueStore } from '../../lib/src/core/queue-store.js';
 import {
   bounded,
@@ -35,6 +36,8 @@ export interface DrainVariant {
   options?: QueueOptions;
   /** Job n's concurrency key (none: no key). */
   keyOf?: (n: number) => string;
+  /** The handler, instead of a no-op (or the progress report). */
+  handler?: (payload: unknown, context: JobContext) => Promise<void>;
 }
 
 /**
@@ -47,7 +50,7 @@ export async function drainOnce(
   total: number,
   concurrency: number,
   profile: DrainProfile = 'throughput',
-  { progress = false, options = {}, keyOf }: DrainVariant = {},
+  { progress = false, options = {}, keyOf, handler }: DrainVariant = {},
 ): Promise<number> {
   const producer = producerFor(store);
   for (let done = 0; done < total; done += 1_000) {
@@ -68,7 +71,7 @@ export async function drainOnce(
       {
         queue,
         options: { ...drainOptions(concurrency, profile), ...options },
-        handler: progress ? async (_payload, context) => context.progress(50) : async () => {},
+        handler: handler ?? (progress ? async (_payload, context) => context.progress(50) : async () => {}),
       },
     ],
     [{ completed: () => ++completed === total && finish() }],

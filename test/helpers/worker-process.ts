@@ -2,6 +2,7 @@ import { fork, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import type { WorkerConfig } from '../workers/nest-worker.js';
+import type { TransactionalWorkerConfig } from '../workers/transactional-worker.js';
 
 const BUILD = fileURLToPath(new URL('../../dist/test-build/test/workers/', import.meta.url));
 
@@ -39,7 +40,11 @@ export class WorkerProcess {
     void this.exited.then(() => LIVE.delete(this));
   }
 
-  static async start(config: WorkerConfig, script = 'nest-worker.js'): Promise<WorkerProcess> {
+  /** `config` is the script's own (WorkerConfig for nest-worker.js, the default). */
+  static async start(
+    config: WorkerConfig | TransactionalWorkerConfig,
+    script = 'nest-worker.js',
+  ): Promise<WorkerProcess> {
     const child = fork(`${BUILD}${script}`, [JSON.stringify(config)], { stdio: ['ignore', 'ignore', 'pipe', 'ipc'] });
     const worker = new WorkerProcess(child);
     const ready = await Promise.race([

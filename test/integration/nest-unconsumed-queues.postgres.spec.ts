@@ -30,7 +30,7 @@ it('logs each consumed queue with its effective options, and warns for a configu
   const [consuming] = logger.matching(/^consuming queue 'boot\.provided'/);
   expect(consuming).toMatch(/ as worker \S+: minReaders=1, maxReaders=3, /);
   expect(consuming).toMatch(
-    /, leaseMs=5000, maxDurationMs=3600000, maxAttempts=4, minPollMs=50, maxPollMs=2000, groupOnDead=continue, groupBatchSize=1, limits=none$/,
+    /, leaseMs=5000, maxDurationMs=3600000, maxAttempts=4, minPollMs=50, maxPollMs=2000, groupOnDead=continue, groupBatchSize=1, limits=none, transactional=false$/,
   );
   const warnings = logger.lines.filter((line) => line.level === 'warn').map((line) => line.message);
   expect(warnings).toContain(

@@ -5,6 +5,7 @@ import { createPostgresStore } from '../../lib/src/store/postgres/postgres.conne
 import { dropPgSchema, PG_URL, sql, uniqueSchema } from '../helpers/databases.js';
 import { describeStoreContract, type StoreTarget } from './store-contract.js';
 import { describeFlowContract } from './store-flow-contract.js';
+import { describeHandlerTransactionContract } from './store-handler-transaction.js';
 
 const target: StoreTarget = {
   name: 'postgres',
@@ -35,6 +36,7 @@ const target: StoreTarget = {
 };
 describeStoreContract(target);
 describeFlowContract(target);
+describeHandlerTransactionContract(target);
 
 it('postgres: a uniform batch over the JSON-document bound (64M characters) is stored whole and in order', async () => {
   const schema = uniqueSchema('pgbulklarge');

@@ -50,6 +50,7 @@ function jobContext(): JobContext & { signalReads: number } {
     extendLease: async () => undefined,
     progress: () => undefined,
     rateLimited: () => undefined,
+    transaction: null,
     get signalReads() {
       return reads;
     },

@@ -107,8 +107,11 @@ describe('every T-SQL batch the SQL Server store emits parses as T-SQL', () => {
 const CALLER_TRANSACTION_STATEMENTS = new Set(['enqueueOne', 'enqueueMany', 'enqueueOneGrouped', 'enqueueManyGrouped']);
 /** A bare readiness round trip; it changes nothing and must work on any connection. */
 const PLAIN_STATEMENTS = new Set(['ping']);
-/** Run inside the store's own transaction (fireDueSchedules), opened with MSSQL_STORE_TRANSACTION_SESSION. */
-const STORE_TRANSACTION_STATEMENTS = new Set(['scheduleLockDue', 'scheduleAdvance']);
+/**
+ * Run inside the store's own transaction (fireDueSchedules; a transactional handler's, which the
+ * completion joins), opened with MSSQL_STORE_TRANSACTION_SESSION.
+ */
+const STORE_TRANSACTION_STATEMENTS = new Set(['scheduleLockDue', 'scheduleAdvance', 'completeInTransaction']);
 
 function storeOwned(schema = 'sqlqueue'): [string, string][] {
   return Object.entries(mssqlQueries(schema)).filter(
@@ -369,6 +372,7 @@ describe('writes to Jobs, Attempts and Groups (issue 10, P4/P5; issue 11)', () =
         'claim',
         'cleanup',
         'complete',
+        'completeInTransaction',
         'enqueueMany',
         'enqueueManyGrouped',
         'enqueueOne',
@@ -1117,7 +1121,7 @@ describe('recurring jobs (issue 13)', () => {
       'SET ROWCOUNT 0;',
       'SET DEADLOCK_PRIORITY LOW;',
     ]);
-    for (const name of ['scheduleLockDue', 'scheduleAdvance'] as const) {
+    for (const name of ['scheduleLockDue', 'scheduleAdvance', 'completeInTransaction'] as const) {
       const text = queries[name];
       expect(text.startsWith(MSSQL_STORE_TRANSACTION_SESSION), name).toBe(true);
       expect(text.slice(MSSQL_STORE_TRANSACTION_SESSION.length), name).not.toMatch(/\bSET\s+(?!@|\[)[A-Z_]+/);

@@ -3,6 +3,7 @@ import type { SqlQueuePGlite } from '../../lib/src/store/driver-shapes.js';
 import { createPostgresStore } from '../../lib/src/store/postgres/postgres.connect.js';
 import { describeStoreContract, type StoreTarget } from '../integration/store-contract.js';
 import { describeFlowContract } from '../integration/store-flow-contract.js';
+import { describeHandlerTransactionContract } from '../integration/store-handler-transaction.js';
 
 /**
  * The store contract on PGlite, the embedded PostgreSQL a zero-setup app (and the sample app's
@@ -65,3 +66,4 @@ const target: StoreTarget = {
 };
 describeStoreContract(target);
 describeFlowContract(target);
+describeHandlerTransactionContract(target);

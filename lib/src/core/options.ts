@@ -78,6 +78,13 @@ export interface QueueOptions {
   rateLimit?: RateLimit;
   /** Most job starts of one `concurrencyKey` in any window of `perMs`. */
   rateLimitPerKey?: RateLimit;
+  /**
+   * Run each handler in a transaction of its own on the queue's database (`context.transaction`),
+   * which also records the job's completion: the handler's writes and the completion commit
+   * together, or not at all (default false). Each running handler holds a connection of the
+   * store's pool until it commits.
+   */
+  transactional?: boolean;
 }
 
 export interface ConsumerOptions {
@@ -129,6 +136,7 @@ export interface ResolvedQueueOptions {
   groupBatchSize: number;
   /** The queue's flow limits, or null for none (the claim then takes no flow lock). */
   limits: FlowLimits | null;
+  transactional: boolean;
 }
 
 export interface ResolvedConsumerOptions {
@@ -172,6 +180,7 @@ export const QUEUE_OPTION_KEYS: readonly (keyof QueueOptions)[] = [
   'concurrencyPerKey',
   'rateLimit',
   'rateLimitPerKey',
+  'transactional',
 ];
 
 /** The most starts a rate limit's window may hold: the claim keeps each one's time. */
@@ -293,6 +302,7 @@ export function validateQueueOptions(where: string, raw: unknown): QueueOptions 
   check('globalConcurrency', 1, 100_000);
   check('concurrencyPerKey', 1, 100_000);
   flowLimitsOf(o, where);
+  if (o.transactional !== undefined) assertBoolean(`${where}.transactional`, o.transactional);
   if (o.groupOnDead !== undefined && o.groupOnDead !== 'continue' && o.groupOnDead !== 'block') {
     throw new SqlQueueConfigError(`${where}.groupOnDead must be 'continue' or 'block', got ${describe(o.groupOnDead)}`);
   }
@@ -352,6 +362,7 @@ export function resolveQueueOptions(
     groupOnDead: merged.groupOnDead ?? 'continue',
     groupBatchSize: merged.groupBatchSize ?? 1,
     limits,
+    transactional: merged.transactional ?? false,
   };
 }
 

@@ -56,6 +56,24 @@ export interface SchemaStatus {
 }
 
 /**
+ * A transactional handler's transaction (queue option `transactional`), on a connection of the
+ * store's own, held from before the handler runs until it commits or rolls back.
+ */
+export interface HandlerTransaction {
+  /**
+   * What the handler gets as `context.transaction`: the object `producer.enqueue` accepts as
+   * `transaction` (a pg client in a transaction, a PGlite transaction, an mssql Transaction).
+   */
+  readonly handle: unknown;
+  /** The job's completion inside the transaction, token-checked: on 'lost' the caller rolls back. */
+  complete(item: CompleteItem): Promise<CompleteResult>;
+  /** Commits; rejects when the commit failed or its reply was lost (whether it committed is then unknown). */
+  commit(): Promise<void>;
+  /** Rolls back; never rejects (a broken connection has rolled back on the server by itself). */
+  rollback(): Promise<void>;
+}
+
+/**
  * The port between the engine and a database. Each dialect implements it in `store/<dialect>/`
  * and one contract suite (test/integration) proves them equivalent.
  *
@@ -155,6 +173,8 @@ export interface QueueStore extends ScheduleStore {
    * no longer than this.
    */
   claimRetryHintMs?(queue: string): number | null;
+  /** Opens a transactional handler's transaction (see HandlerTransaction). */
+  beginHandlerTransaction?(): Promise<HandlerTransaction>;
 
   /**
    * The queue's flow limits and what they hold back now, with its `top` busiest keys. A store

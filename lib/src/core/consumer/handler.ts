@@ -41,6 +41,15 @@ export interface JobContext {
    * Throws SqlQueueValidationError for any other value. The last call wins.
    */
   rateLimited(ms: number): void;
+  /**
+   * With the queue option `transactional`: the transaction this attempt runs in, on the queue's
+   * database (PostgreSQL: a `pg` client in a transaction; PGlite: a transaction; SQL Server: an
+   * `mssql` Transaction). Write through it, and enqueue follow-up jobs with `{ transaction }`:
+   * when the handler returns, the job's completion is recorded in it and it commits, all or
+   * nothing; when the handler throws, it rolls back. Do not commit or roll it back yourself.
+   * Null for a queue without the option.
+   */
+  transaction: unknown;
 }
 
 /**

@@ -98,6 +98,18 @@ export class JobAcker {
     this.schedule();
   }
 
+  /** A transactional handler's completion, committed with its transaction: counted as a recorded completion. */
+  completedInTransaction(held: HeldJob): void {
+    this.reportCompleted(held, this.deps.clock.now());
+    this.onSettled(held, true);
+  }
+
+  /** A transactional handler's completion the token check refused: its transaction rolled back. */
+  lostInTransaction(held: HeldJob): void {
+    this.reportLost(held, 'complete');
+    this.onSettled(held, false);
+  }
+
   get pending(): number {
     return this.completes.length + this.failures.length + this.releases.length;
   }
@@ -209,17 +221,8 @@ export class JobAcker {
     for (const { held } of items) {
       const { job } = held;
       const outcome = outcomes.get(job.id) ?? 'lost';
-      if (outcome === 'lost') {
-        this.reportLost(held, 'complete');
-      } else {
-        safeEmit(this.deps.listeners, 'completed', {
-          queue: job.queue,
-          jobId: job.id,
-          attempt: job.attempt,
-          enqueueToDoneMs: Math.max(0, now - job.enqueuedAt.getTime()),
-          claimToDoneMs: Math.max(0, now - held.claimedAtLocal),
-        });
-      }
+      if (outcome === 'lost') this.reportLost(held, 'complete');
+      else this.reportCompleted(held, now);
       this.onSettled(held, outcome !== 'lost');
     }
     return true;
@@ -342,6 +345,17 @@ export class JobAcker {
       this.onSettled(item.held, false);
     }
     queue.unshift(...keep);
+  }
+
+  private reportCompleted(held: HeldJob, now: number): void {
+    const { job } = held;
+    safeEmit(this.deps.listeners, 'completed', {
+      queue: job.queue,
+      jobId: job.id,
+      attempt: job.attempt,
+      enqueueToDoneMs: Math.max(0, now - job.enqueuedAt.getTime()),
+      claimToDoneMs: Math.max(0, now - held.claimedAtLocal),
+    });
   }
 
   private reportLost(held: HeldJob, during: 'complete' | 'fail' | 'release'): void {

@@ -13,7 +13,8 @@ import type { JobContext, JobHandler } from './handler.js';
 import { signalOf, type HeldJob, type HeldJobs } from './held-jobs.js';
 import type { AckerDeps, JobAcker } from './job-acker.js';
 import type { LeaseKeeper } from './lease-keeper.js';
-import { MAX_RESULT_BYTES } from '../types.js';
+import { MAX_RESULT_BYTES, type CompleteResult, type JobRecord } from '../types.js';
+import type { HandlerTransaction } from '../queue-store.js';
 
 /** How long after aborting a handler the reader keeps waiting for it before moving on. */
 const ABANDON_GRACE_MS = 5_000;
@@ -107,6 +108,20 @@ export class JobRunner {
       else this.jobs.forget(held); // its lease was lost or ran out while it waited
       return 'ended';
     }
+    // A transactional queue's attempt runs in a transaction opened before its handler: one that
+    // cannot be opened (the pool exhausted, the database away) gives the job back unstarted.
+    let transaction: HandlerTransaction | null = null;
+    if (this.options.transactional) {
+      try {
+        transaction = await this.deps.store.beginHandlerTransaction!();
+      } catch (error) {
+        this.deps.logger.warn(
+          `job ${job.id} in queue '${job.queue}': could not open its handler's transaction, giving it back unstarted: ${describeReason(error)}`,
+        );
+        this.acker.release([held]);
+        return 'released';
+      }
+    }
     const context: JobContext = {
       jobId: job.id,
       queue: job.queue,
@@ -125,8 +140,9 @@ export class JobRunner {
       rateLimited: (ms) => {
         held.postponeMs = assertRetryAfterMs(ms);
       },
+      transaction: transaction?.handle ?? null,
     };
-    const execution = this.execute(held, context);
+    const execution = this.execute(held, context, transaction);
     this.jobs.running.set(held, execution);
     try {
       return await execution;
@@ -135,7 +151,20 @@ export class JobRunner {
     }
   }
 
-  private async execute(held: HeldJob, context: JobContext): Promise<RunOutcome> {
+  private commitInTransaction(held: HeldJob, transaction: HandlerTransaction, result: string | null) {
+    return commitIn(
+      { deps: this.deps, options: this.options, acker: this.acker, jobs: this.jobs },
+      held,
+      transaction,
+      result,
+    );
+  }
+
+  private async execute(
+    held: HeldJob,
+    context: JobContext,
+    transaction: HandlerTransaction | null,
+  ): Promise<RunOutcome> {
     const { job } = held;
     const startedAt = this.deps.clock.now();
     held.startedAtLocal = startedAt;
@@ -162,6 +191,19 @@ export class JobRunner {
     });
     grace.timer?.abort();
     held.onAbort = null;
+    // Only a handler that returned, for a job still its own to complete, commits its transaction.
+    const commits =
+      transaction !== null &&
+      result !== 'abandoned' &&
+      result.ok &&
+      !held.canceled &&
+      !held.timedOut &&
+      held.postponeMs === null;
+    // An abandoned handler may still be using its transaction: its rollback is not waited for.
+    if (transaction !== null && !commits) {
+      if (result === 'abandoned') void transaction.rollback();
+      else await transaction.rollback();
+    }
     if (result === 'abandoned') {
       this.deps.logger.warn(
         `job ${job.id} in queue '${job.queue}': handler ignored its abort signal (${describeReason(held.abortReason)}); the reader moves on and the lease decides the job's fate`,
@@ -188,6 +230,7 @@ export class JobRunner {
       this.acker.postpone(held, postponeMs);
       return 'released';
     }
+    if (outcome.ok && transaction !== null) return this.commitInTransaction(held, transaction, outcome.result);
     if (outcome.ok) {
       this.acker.complete(held, outcome.result);
       return held.lost ? 'ended' : 'completed';
@@ -203,6 +246,75 @@ export class JobRunner {
     this.acker.fail(held, error, dead ? 0 : this.options.retryDelay(job.attempt, error), dead);
     return 'ended';
   }
+}
+
+/**
+ * A transactional handler returned: its job's completion is recorded in its transaction, which
+ * then commits. The token check refusing the completion (the lease was lost) rolls back the
+ * handler's writes. A completion or commit that fails is a failure of the attempt (counted, so a
+ * conflict that repeats forever, a deadlock on SQL Server or a serialization failure, ends dead
+ * after maxAttempts instead of looping); a commit whose reply was lost is found out from the
+ * job's row, never guessed.
+ */
+async function commitIn(
+  runner: { deps: AckerDeps; options: ResolvedQueueOptions; acker: JobAcker; jobs: HeldJobs },
+  held: HeldJob,
+  transaction: HandlerTransaction,
+  result: string | null,
+): Promise<RunOutcome> {
+  const { job } = held;
+  const failAttempt = (error: unknown, what: string) => {
+    const failure = new Error(`the handler's transaction did not commit (${what}): ${describeReason(error)}`, {
+      cause: error,
+    });
+    runner.acker.fail(held, failure, runner.options.retryDelay(job.attempt, failure), false);
+    return 'ended' as const;
+  };
+  let outcome: CompleteResult['outcome'];
+  try {
+    ({ outcome } = await transaction.complete({
+      id: job.id,
+      claimToken: job.claimToken,
+      result,
+      progress: held.pendingProgress,
+    }));
+  } catch (error) {
+    await transaction.rollback();
+    return failAttempt(error, 'recording the completion failed');
+  }
+  if (outcome === 'lost') {
+    await transaction.rollback();
+    runner.acker.lostInTransaction(held);
+    return 'ended';
+  }
+  try {
+    await transaction.commit();
+  } catch (error) {
+    // Committed or not: the job's row says which (its completion carries this attempt's token).
+    let row: JobRecord | null;
+    try {
+      row = await runner.deps.store.getJob(job.id);
+    } catch (readError) {
+      runner.deps.logger.warn(
+        `job ${job.id} in queue '${job.queue}': its transaction's commit failed (${describeReason(error)}) and its outcome cannot be read (${describeReason(readError)}); the database decides: done if it committed, else it runs again after its lease`,
+      );
+      runner.jobs.forget(held);
+      return 'ended';
+    }
+    const ours = row !== null && row.claimToken === job.claimToken;
+    if (ours && row!.state === 'done') {
+      runner.deps.logger.warn(
+        `job ${job.id} in queue '${job.queue}': its transaction's commit reported ${describeReason(error)}, but it committed (its completion is in the database)`,
+      );
+      runner.acker.completedInTransaction(held);
+      return 'completed';
+    }
+    if (ours && row!.state === 'leased') return failAttempt(error, 'the commit failed');
+    runner.acker.lostInTransaction(held);
+    return 'ended';
+  }
+  runner.acker.completedInTransaction(held);
+  return 'completed';
 }
 
 /**

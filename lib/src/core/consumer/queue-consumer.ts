@@ -1,6 +1,6 @@
 import { safeEmit } from '../events.js';
 import type { ResolvedQueueOptions } from '../options.js';
-import { SqlQueueShutdownError } from '../errors.js';
+import { SqlQueueConfigError, SqlQueueShutdownError } from '../errors.js';
 import { settleWithin } from '../timeout.js';
 import { NO_TRACING, type QueueTracer } from '../tracing.js';
 import { MovingAverage, readersToStart, shouldRetireAfterEmptyClaim } from './activation.js';
@@ -70,6 +70,11 @@ export class QueueConsumer {
     readonly options: ResolvedQueueOptions,
     handler: JobHandler,
   ) {
+    if (options.transactional && !deps.store.beginHandlerTransaction) {
+      throw new SqlQueueConfigError(
+        `queue '${options.queue}': transactional: true needs a store that opens handler transactions, and this one does not`,
+      );
+    }
     const tracer = deps.tracer ?? NO_TRACING;
     const handlerMs = new MovingAverage();
     const stopping = () => this.isStopping;

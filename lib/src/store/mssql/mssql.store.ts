@@ -12,6 +12,7 @@ import { assertJobId } from '../../core/producer/index.js';
 import {
   FLOW_KEYS_AHEAD,
   FLOW_KEYS_MAX,
+  type HandlerTransaction,
   type MigrationMode,
   type QueueStore,
   type SchemaStatus,
@@ -407,6 +408,13 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
 
   async complete(items: readonly CompleteItem[]): Promise<CompleteResult[]> {
     if (items.length === 0) return [];
+    const rows = await this.run<{ Id: string; Outcome: OwnershipOutcome }>('complete', (r) =>
+      r.input('items', this.completionTable(items)),
+    );
+    return rows.map((row) => ({ id: row.Id, outcome: row.Outcome }));
+  }
+
+  private completionTable(items: readonly CompleteItem[]): sql.Table {
     const table = new sql.Table(`${this.schema}.${MSSQL_TABLE_TYPES.completion}`);
     table.columns.add('Id', sql.BigInt, { nullable: false });
     table.columns.add('Token', sql.UniqueIdentifier, { nullable: false });
@@ -415,8 +423,31 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
     for (const item of uniqueById(items)) {
       table.rows.add(item.id, item.claimToken, item.result ?? null, item.progress ?? null);
     }
-    const rows = await this.run<{ Id: string; Outcome: OwnershipOutcome }>('complete', (r) => r.input('items', table));
-    return rows.map((row) => ({ id: row.Id, outcome: row.Outcome }));
+    return table;
+  }
+
+  /**
+   * A transactional handler's transaction: an mssql Transaction on the store's pool (READ
+   * COMMITTED; one pooled connection held until it ends), handed to the handler as the
+   * transaction the producer accepts. The completion runs in it (completeInTransaction).
+   */
+  async beginHandlerTransaction(): Promise<HandlerTransaction> {
+    const transaction = new sql.Transaction(await this.connected());
+    await transaction.begin(sql.ISOLATION_LEVEL.READ_COMMITTED);
+    return {
+      handle: transaction,
+      complete: async (item) => {
+        const [row] = await this.run<{ Id: string; Outcome: OwnershipOutcome }>(
+          'completeInTransaction',
+          (r) => r.input('items', this.completionTable([item])),
+          transaction,
+        );
+        return { id: item.id, outcome: row?.Outcome ?? 'lost' };
+      },
+      commit: () => transaction.commit(),
+      // A failed statement under XACT_ABORT (or a deadlock) has rolled it back on the server already.
+      rollback: () => transaction.rollback().catch(() => undefined),
+    };
   }
 
   /**
