@@ -20,15 +20,18 @@ export function openTransaction<C>(
     let end!: (decision: 'commit' | typeof ROLLBACK) => void;
     const decided = new Promise<'commit' | typeof ROLLBACK>((resolve) => (end = resolve));
     let opened = false;
+    let rolledBack = false;
     const finished = transaction(async (client) => {
       opened = true;
       resolveOpened({
         client,
         commit: async () => {
+          if (rolledBack) throw new Error('the transaction was already rolled back: nothing to commit');
           end('commit');
           await finished;
         },
         rollback: async () => {
+          rolledBack = true;
           end(ROLLBACK);
           await finished.catch(() => undefined);
         },

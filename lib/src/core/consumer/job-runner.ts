@@ -230,7 +230,11 @@ export class JobRunner {
       this.acker.postpone(held, postponeMs);
       return 'released';
     }
-    if (outcome.ok && transaction !== null) return this.commitInTransaction(held, transaction, outcome.result);
+    // A transactional handler that returned after its timeout: its transaction rolled back above,
+    // and the timeout is this attempt's recorded failure.
+    if (outcome.ok && transaction !== null) {
+      return commits ? this.commitInTransaction(held, transaction, outcome.result) : 'ended';
+    }
     if (outcome.ok) {
       this.acker.complete(held, outcome.result);
       return held.lost ? 'ended' : 'completed';
