@@ -10,7 +10,8 @@ import { QueueConsumer } from '../../lib/src/core/consumer/queue-consumer.js';
 import { SqlQueueConfigError } from '../../lib/src/core/errors.js';
 import type { CompleteItem, FailItem, JobRecord, OwnedJob } from '../../lib/src/core/types.js';
 import type { HandlerTransaction } from '../../lib/src/core/queue-store.js';
-import { capturingLogger, engineDeps, queueOptions, stopOnFakeClock } from '../helpers/engine.js';
+import { capturingLogger, consumerDeps, engineDeps, queueOptions, stopOnFakeClock } from '../helpers/engine.js';
+import { SqlQueueConsumer } from '../../lib/src/core/consumer/consumer.js';
 import { FakeClock } from '../helpers/fake-clock.js';
 import { MemoryStore } from '../helpers/memory-store.js';
 
@@ -199,6 +200,18 @@ describe('transactional handlers in the engine', () => {
     );
     expect(seen).toBeNull();
     expect(log).toEqual(['complete outside']);
+  });
+
+  it("refuses transactional queues whose maxReaders leave fewer than two of the pool's connections", () => {
+    const { store } = transactionalStore();
+    Object.assign(store, { poolSize: 7 });
+    const consumer = new SqlQueueConsumer(consumerDeps(store, new FakeClock()));
+    consumer.register(queueOptions({ transactional: true, maxReaders: 3 }, 'a'), async () => undefined);
+    consumer.register(queueOptions({ maxReaders: 50 }, 'plain'), async () => undefined);
+    expect(() =>
+      consumer.register(queueOptions({ transactional: true, maxReaders: 3 }, 'b'), async () => undefined),
+    ).toThrow(/\('a', 'b'\) may run 6 handler\(s\) at once .* the store's pool has 7: give the pool at least 8/);
+    consumer.register(queueOptions({ transactional: true, maxReaders: 2 }, 'c'), async () => undefined);
   });
 
   it('refuses the option for a store that cannot open handler transactions', () => {

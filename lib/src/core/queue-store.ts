@@ -85,6 +85,11 @@ export interface HandlerTransaction {
 export interface QueueStore extends ScheduleStore {
   readonly dialect: Dialect;
   readonly schema: string;
+  /**
+   * Connections of the pool the store runs its statements on (its own or the application's);
+   * null when it cannot tell or there is no pool (PGlite: one session).
+   */
+  readonly poolSize?: number | null;
 
   /** Applies (`auto`) or verifies (`check`) the schema; refuses a schema newer than the code. */
   migrate(mode: MigrationMode): Promise<SchemaStatus>;

@@ -48,35 +48,12 @@ export function checkBeforeConnecting(
     options,
     declared.table.map((handler) => handler.queue),
   );
-  checkTransactionalPool(options, handlers);
   if ((options.reaper.enabled || options.retention.enabled) && !scheduler) {
     throw new SqlQueueConfigError(
       'SqlQueueModule schedules its lease reaper with @nestjs/schedule: import ScheduleModule.forRoot() in your application module, or set reaper.enabled and retention.enabled to false',
     );
   }
   return handlers;
-}
-
-/**
- * Each running transactional handler holds a pooled connection until it commits: with as many
- * of them as the pool has connections, the claims, heartbeats and completions of this process
- * would wait for a free one, and leases would run out. Checked where the pool's size is known
- * (a URL connection); a pool of your own is yours to size.
- */
-function checkTransactionalPool(options: ResolvedModuleOptions, handlers: readonly ResolvedHandler[]): void {
-  if (!options.consumer.enabled) return;
-  const transactional = handlers.filter((handler) => handler.resolved.transactional);
-  if (transactional.length === 0) return;
-  const connection = options.connection as { url?: unknown; poolSize?: unknown };
-  if (typeof connection.url !== 'string') return;
-  if (connection.poolSize === undefined && /[?&]poolSize=/.test(connection.url)) return;
-  const poolSize = typeof connection.poolSize === 'number' ? connection.poolSize : 10;
-  const held = transactional.reduce((sum, handler) => sum + handler.resolved.maxReaders, 0);
-  if (held >= poolSize) {
-    throw new SqlQueueConfigError(
-      `queues with transactional: true (${transactional.map((h) => `'${h.queue}'`).join(', ')}) may run ${held} handler(s) at once in this process (their maxReaders), each holding a connection until it commits, and connection.poolSize is ${poolSize}: raise poolSize above ${held} (claims, heartbeats and completions need connections too) or lower maxReaders`,
-    );
-  }
 }
 
 /**

@@ -1,4 +1,13 @@
-import type { JobState, JobSummary, NewJob, QueueHealth, QueueStats } from '../core/types.js';
+import type {
+  FlowKeyUsage,
+  FlowLimits,
+  FlowUsage,
+  JobState,
+  JobSummary,
+  NewJob,
+  QueueHealth,
+  QueueStats,
+} from '../core/types.js';
 import type { ScheduleRow, ScheduleSource } from '../core/schedules/index.js';
 
 /**
@@ -43,6 +52,16 @@ const FIELDS = [
   'lastRunAt',
   'lastTick',
   'updatedAt',
+  'globalConcurrency',
+  'concurrencyPerKey',
+  'rateMax',
+  'ratePerMs',
+  'keyRateMax',
+  'keyRatePerMs',
+  'running',
+  'windowStarts',
+  'keysAtLimit',
+  'keys',
 ] as const;
 
 /** A dialect's column name for each field a mapping reads, computed once per store. */
@@ -75,6 +94,28 @@ export function toQueueStats(queue: string, row: Row, c: Columns): QueueStats {
     blockedGroups: Number(row[c.blockedGroups] ?? 0),
     oldestReadyAgeMs: Math.max(0, Number(row[c.oldestReadyAgeMs] ?? 0)),
     paused: row[c.paused] === true || row[c.paused] === 1,
+  };
+}
+
+/** A queue's flow usage (flowUsage statements); `keys` is a JSON array, or its text (SQL Server), or null. */
+export function toFlowUsage(queue: string, row: Row | undefined, c: Columns): FlowUsage {
+  const count = (value: unknown) => (value === null || value === undefined ? null : Number(value));
+  const rate = (max: unknown, perMs: unknown) =>
+    max === null || max === undefined ? null : { max: Number(max), perMs: Number(perMs) };
+  const limits: FlowLimits = {
+    globalConcurrency: count(row?.[c.globalConcurrency]),
+    concurrencyPerKey: count(row?.[c.concurrencyPerKey]),
+    rateLimit: rate(row?.[c.rateMax], row?.[c.ratePerMs]),
+    rateLimitPerKey: rate(row?.[c.keyRateMax], row?.[c.keyRatePerMs]),
+  };
+  const keys = row?.[c.keys];
+  return {
+    queue,
+    limits: Object.values(limits).every((value) => value === null) ? null : limits,
+    running: Number(row?.[c.running] ?? 0),
+    windowStarts: count(row?.[c.windowStarts]),
+    keysAtLimit: count(row?.[c.keysAtLimit]),
+    keys: typeof keys === 'string' ? (JSON.parse(keys) as FlowKeyUsage[]) : ((keys as FlowKeyUsage[] | null) ?? []),
   };
 }
 

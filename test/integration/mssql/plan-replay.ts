@@ -5,7 +5,8 @@
  */
 import sql from 'mssql';
 import { expect } from 'vitest';
-import { STATISTICS_XML_ON } from '../../helpers/mssql-test-queries.js';
+import type { QueueStore } from '../../../lib/src/core/queue-store.js';
+import { STATISTICS_XML_OFF, STATISTICS_XML_ON } from '../../helpers/mssql-test-queries.js';
 import { parseXml, statementPlans, type StatementPlan, type XmlElement } from '../../helpers/showplan.js';
 
 /** A statement as the store sent it: its text and its bound parameters (mssql's own records). */
@@ -104,4 +105,22 @@ export function rowsReadByIndex(
     if (column) for (const row of recordset) visit(parseXml(String(row[column])));
   }
   return read;
+}
+
+/** The pools and store a plan test opens; any may be missing when its setup failed. */
+export interface PlanTestPools {
+  planPool?: sql.ConnectionPool;
+  store?: QueueStore;
+  pool?: sql.ConnectionPool;
+}
+
+/** Closes what a plan test opened, showplans switched off first on the replay pool's session. */
+export async function closePlanPools(opened: PlanTestPools): Promise<void> {
+  await opened.planPool
+    ?.request()
+    .batch(STATISTICS_XML_OFF)
+    .catch(() => undefined);
+  await opened.planPool?.close();
+  await opened.store?.close();
+  await opened.pool?.close();
 }

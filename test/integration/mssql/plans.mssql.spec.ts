@@ -22,12 +22,7 @@ import { createMssqlStore } from '../../../lib/src/store/mssql/mssql.connect.js'
 import { quoteMssqlIdentifier } from '../../../lib/src/store/mssql/mssql.identifiers.js';
 import { uniqueSchema } from '../../helpers/databases.js';
 import { dropMssqlSchema, mssqlRows, openMssqlPool } from '../../helpers/mssql.js';
-import {
-  FILTERED_INDEXES,
-  RECOMPILE_PLANS_OF_TABLE,
-  STATISTICS_XML_OFF,
-  STATISTICS_XML_ON,
-} from '../../helpers/mssql-test-queries.js';
+import { FILTERED_INDEXES, RECOMPILE_PLANS_OF_TABLE, STATISTICS_XML_ON } from '../../helpers/mssql-test-queries.js';
 import {
   describePlan,
   operatorsOn,
@@ -36,7 +31,14 @@ import {
   type StatementPlan,
 } from '../../helpers/showplan.js';
 import { waitFor } from '../../helpers/wait-for.js';
-import { plansOf, replayWithShowplans, rowsReadByIndex, statementRecorder } from './plan-replay.js';
+import {
+  closePlanPools,
+  plansOf,
+  replayWithShowplans,
+  rowsReadByIndex,
+  statementRecorder,
+  type PlanTestPools,
+} from './plan-replay.js';
 import { describeEachMssqlDatabase } from './mssql-databases.js';
 
 const HISTORY = 100_000;
@@ -59,18 +61,8 @@ CROSS JOIN (VALUES (N'dash-old-a'), (N'dash-old-b'), (N'dash-old-c')) AS q ([Que
 }
 
 /** What a plan test opened, closed (any may be missing when its setup failed), and its schema dropped. */
-async function closePlanTest(
-  opened: { planPool?: sql.ConnectionPool; store?: QueueStore; pool?: sql.ConnectionPool },
-  url: string,
-  schema: string,
-): Promise<void> {
-  await opened.planPool
-    ?.request()
-    .batch(STATISTICS_XML_OFF)
-    .catch(() => undefined);
-  await opened.planPool?.close();
-  await opened.store?.close();
-  await opened.pool?.close();
+async function closePlanTest(opened: PlanTestPools, url: string, schema: string): Promise<void> {
+  await closePlanPools(opened);
   await dropMssqlSchema(url, schema);
 }
 

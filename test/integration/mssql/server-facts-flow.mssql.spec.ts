@@ -22,10 +22,11 @@ import type { ClaimedJob, FlowLimits } from '../../../lib/src/core/types.js';
 import { prepareJob } from '../../../lib/src/core/producer/job-validation.js';
 import { createMssqlStore } from '../../../lib/src/store/mssql/mssql.connect.js';
 import type { QueueStore } from '../../../lib/src/core/queue-store.js';
-import { openMssqlPool } from '../../helpers/mssql.js';
-import { STATISTICS_XML_OFF } from '../../helpers/mssql-test-queries.js';
+import { mssqlRows, openMssqlPool } from '../../helpers/mssql.js';
+import { VIEW_SERVER_STATE } from '../../helpers/mssql-test-queries.js';
+import { waitFor } from '../../helpers/wait-for.js';
 import { describeEachMssqlDatabase, useMssqlSchema } from './mssql-databases.js';
-import { replayWithShowplans, rowsReadByIndex, statementRecorder } from './plan-replay.js';
+import { closePlanPools, replayWithShowplans, rowsReadByIndex, statementRecorder } from './plan-replay.js';
 
 const LIMITS = { maxPayloadBytes: 1024, defaultMaxAttempts: 5 };
 const NONE: FlowLimits = { globalConcurrency: null, concurrencyPerKey: null, rateLimit: null, rateLimitPerKey: null };
@@ -88,7 +89,27 @@ describeEachMssqlDatabase('flow control: what its T-SQL assumes about SQL Server
         settled = true;
         return jobs;
       });
-      await new Promise((resolve) => setTimeout(resolve, 1_500));
+      // Seen waiting on the holder's session (another session's request needs VIEW SERVER STATE;
+      // without it, a claim that has not returned after a second stands for it).
+      const [spid] = (await new sql.Request(holder).query<{ Spid: number }>('SELECT @@SPID AS [Spid];')).recordset;
+      const [permission] = await mssqlRows<{ Granted: number | null }>(db.url, VIEW_SERVER_STATE);
+      if (permission?.Granted === 1) {
+        await waitFor(
+          async () =>
+            (
+              await admin
+                .request()
+                .input('spid', sql.Int, spid!.Spid)
+                .query<{ n: number }>(
+                  "SELECT COUNT(*) AS n FROM sys.dm_exec_requests WHERE [blocking_session_id] = @spid AND [wait_type] LIKE N'LCK_M_%'",
+                )
+            ).recordset[0]!.n,
+          (n) => n > 0 || settled,
+          { what: "the flow claim to wait on the holder's FlowState lock" },
+        );
+      } else {
+        await new Promise((resolve) => setTimeout(resolve, 1_000));
+      }
       expect(settled, 'the claim went on without waiting for the FlowState row').toBe(false);
       await holder.commit();
     } catch (error) {
@@ -170,13 +191,7 @@ describeEachMssqlDatabase('flow control: what its T-SQL assumes about SQL Server
       expect(read.get('IX_Jobs_KeyReady')!, JSON.stringify([...read])).toBeLessThan(200);
       expect(read.get('PK_Jobs') ?? 0, JSON.stringify([...read])).toBeLessThan(50);
     } finally {
-      await planPool
-        .request()
-        .batch(STATISTICS_XML_OFF)
-        .catch(() => undefined);
-      await planPool.close();
-      await planned.close();
-      await pool.close();
+      await closePlanPools({ planPool, store: planned, pool });
     }
   });
 });

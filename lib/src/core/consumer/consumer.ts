@@ -66,7 +66,26 @@ export class SqlQueueConsumer {
     if (this.queues.has(options.queue)) {
       throw new SqlQueueConfigError(`queue '${options.queue}' already has a handler in this process`);
     }
-    this.queues.set(options.queue, new QueueConsumer(this.deps, options, handler));
+    const consumer = new QueueConsumer(this.deps, options, handler);
+    this.checkTransactionalPool([...this.queues.values(), consumer]);
+    this.queues.set(options.queue, consumer);
+  }
+
+  /**
+   * Each running transactional handler holds a pooled connection until it commits: with as many
+   * of them as the pool has connections less two, claims, heartbeats and completions would wait
+   * for a free one, and leases would run out.
+   */
+  private checkTransactionalPool(consumers: readonly QueueConsumer[]): void {
+    const poolSize = this.deps.store.poolSize;
+    const transactional = consumers.filter((consumer) => consumer.options.transactional);
+    if (poolSize === null || poolSize === undefined || transactional.length === 0) return;
+    const held = transactional.reduce((sum, consumer) => sum + consumer.options.maxReaders, 0);
+    if (held + 2 > poolSize) {
+      throw new SqlQueueConfigError(
+        `queues with transactional: true (${transactional.map((c) => `'${c.queue}'`).join(', ')}) may run ${held} handler(s) at once in this process (their maxReaders), each holding a connection until it commits, and the store's pool has ${poolSize}: give the pool at least ${held + 2} (connection.poolSize; claims, heartbeats and completions need two more) or lower maxReaders`,
+      );
+    }
   }
 
   get queueNames(): string[] {

@@ -151,13 +151,72 @@ export class JobRunner {
     }
   }
 
-  private commitInTransaction(held: HeldJob, transaction: HandlerTransaction, result: string | null) {
-    return commitIn(
-      { deps: this.deps, options: this.options, acker: this.acker, jobs: this.jobs },
-      held,
-      transaction,
-      result,
-    );
+  /**
+   * A transactional handler returned: its job's completion is recorded in its transaction, which
+   * then commits. The token check refusing the completion (the lease was lost) rolls back the
+   * handler's writes. A completion or commit that fails is a failure of the attempt (counted, so a
+   * conflict that repeats forever, a deadlock on SQL Server or a serialization failure, ends dead
+   * after maxAttempts instead of looping); a commit whose reply was lost is found out from the
+   * job's row, never guessed.
+   */
+  private async commitInTransaction(
+    held: HeldJob,
+    transaction: HandlerTransaction,
+    result: string | null,
+  ): Promise<RunOutcome> {
+    const { job } = held;
+    const failAttempt = (error: unknown, what: string) => {
+      const failure = new Error(`the handler's transaction did not commit (${what}): ${describeReason(error)}`, {
+        cause: error,
+      });
+      this.acker.fail(held, failure, this.options.retryDelay(job.attempt, failure), false);
+      return 'ended' as const;
+    };
+    let outcome: CompleteResult['outcome'];
+    try {
+      ({ outcome } = await transaction.complete({
+        id: job.id,
+        claimToken: job.claimToken,
+        result,
+        progress: held.pendingProgress,
+      }));
+    } catch (error) {
+      await transaction.rollback();
+      return failAttempt(error, 'recording the completion failed');
+    }
+    if (outcome === 'lost') {
+      await transaction.rollback();
+      this.acker.lostInTransaction(held);
+      return 'ended';
+    }
+    try {
+      await transaction.commit();
+    } catch (error) {
+      // Committed or not: the job's row says which (its completion carries this attempt's token).
+      let row: JobRecord | null;
+      try {
+        row = await this.deps.store.getJob(job.id);
+      } catch (readError) {
+        this.deps.logger.warn(
+          `job ${job.id} in queue '${job.queue}': its transaction's commit failed (${describeReason(error)}) and its outcome cannot be read (${describeReason(readError)}); the database decides: done if it committed, else it runs again after its lease`,
+        );
+        this.jobs.forget(held);
+        return 'ended';
+      }
+      const ours = row !== null && row.claimToken === job.claimToken;
+      if (ours && row!.state === 'done') {
+        this.deps.logger.warn(
+          `job ${job.id} in queue '${job.queue}': its transaction's commit reported ${describeReason(error)}, but it committed (its completion is in the database)`,
+        );
+        this.acker.completedInTransaction(held);
+        return 'completed';
+      }
+      if (ours && row!.state === 'leased') return failAttempt(error, 'the commit failed');
+      this.acker.lostInTransaction(held);
+      return 'ended';
+    }
+    this.acker.completedInTransaction(held);
+    return 'completed';
   }
 
   private async execute(
@@ -250,75 +309,6 @@ export class JobRunner {
     this.acker.fail(held, error, dead ? 0 : this.options.retryDelay(job.attempt, error), dead);
     return 'ended';
   }
-}
-
-/**
- * A transactional handler returned: its job's completion is recorded in its transaction, which
- * then commits. The token check refusing the completion (the lease was lost) rolls back the
- * handler's writes. A completion or commit that fails is a failure of the attempt (counted, so a
- * conflict that repeats forever, a deadlock on SQL Server or a serialization failure, ends dead
- * after maxAttempts instead of looping); a commit whose reply was lost is found out from the
- * job's row, never guessed.
- */
-async function commitIn(
-  runner: { deps: AckerDeps; options: ResolvedQueueOptions; acker: JobAcker; jobs: HeldJobs },
-  held: HeldJob,
-  transaction: HandlerTransaction,
-  result: string | null,
-): Promise<RunOutcome> {
-  const { job } = held;
-  const failAttempt = (error: unknown, what: string) => {
-    const failure = new Error(`the handler's transaction did not commit (${what}): ${describeReason(error)}`, {
-      cause: error,
-    });
-    runner.acker.fail(held, failure, runner.options.retryDelay(job.attempt, failure), false);
-    return 'ended' as const;
-  };
-  let outcome: CompleteResult['outcome'];
-  try {
-    ({ outcome } = await transaction.complete({
-      id: job.id,
-      claimToken: job.claimToken,
-      result,
-      progress: held.pendingProgress,
-    }));
-  } catch (error) {
-    await transaction.rollback();
-    return failAttempt(error, 'recording the completion failed');
-  }
-  if (outcome === 'lost') {
-    await transaction.rollback();
-    runner.acker.lostInTransaction(held);
-    return 'ended';
-  }
-  try {
-    await transaction.commit();
-  } catch (error) {
-    // Committed or not: the job's row says which (its completion carries this attempt's token).
-    let row: JobRecord | null;
-    try {
-      row = await runner.deps.store.getJob(job.id);
-    } catch (readError) {
-      runner.deps.logger.warn(
-        `job ${job.id} in queue '${job.queue}': its transaction's commit failed (${describeReason(error)}) and its outcome cannot be read (${describeReason(readError)}); the database decides: done if it committed, else it runs again after its lease`,
-      );
-      runner.jobs.forget(held);
-      return 'ended';
-    }
-    const ours = row !== null && row.claimToken === job.claimToken;
-    if (ours && row!.state === 'done') {
-      runner.deps.logger.warn(
-        `job ${job.id} in queue '${job.queue}': its transaction's commit reported ${describeReason(error)}, but it committed (its completion is in the database)`,
-      );
-      runner.acker.completedInTransaction(held);
-      return 'completed';
-    }
-    if (ours && row!.state === 'leased') return failAttempt(error, 'the commit failed');
-    runner.acker.lostInTransaction(held);
-    return 'ended';
-  }
-  runner.acker.completedInTransaction(held);
-  return 'completed';
 }
 
 /**

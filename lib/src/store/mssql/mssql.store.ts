@@ -34,8 +34,6 @@ import type {
   EnqueueResult,
   FailItem,
   FailResult,
-  FlowKeyUsage,
-  FlowLimits,
   FlowUsage,
   GroupRepair,
   HeartbeatItem,
@@ -97,6 +95,7 @@ import {
   newJobValues,
   pascalCaseColumns,
   toQueueHealth,
+  toFlowUsage,
   toQueueStats,
   toScheduleRow,
 } from '../rows.js';
@@ -138,6 +137,11 @@ type Bind = (request: sql.Request) => void;
 
 export class MssqlQueueStore implements QueueStore, ScheduleStore {
   readonly dialect = 'mssql';
+
+  /** mssql keeps the config a pool was built from (pool.max defaults to 10). */
+  get poolSize(): number {
+    return (this.pool as unknown as { config?: { pool?: { max?: number } } }).config?.pool?.max ?? 10;
+  }
   private readonly sql: MssqlQueries;
   private readonly flowRouting = new FlowRouting();
   private connecting: Promise<sql.ConnectionPool> | null = null;
@@ -316,7 +320,7 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
     return this.flowRouting.claim(
       request,
       async (ordinary) => {
-        const [rows = [], handOver] = await this.runForResults('claim', this.bindClaim(ordinary, ordinary.limit));
+        const [rows = [], handOver] = await this.runForResults('claim', this.bindClaim(ordinary));
         // The batch's second result says the queue is the flow claim's (flow-routing.ts).
         return { claimed: rows.map(toClaimedJob), handOver: handOver !== undefined };
       },
@@ -334,22 +338,17 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
    */
   private async flowClaim(request: ClaimRequest): Promise<ClaimedJob[]> {
     const [rows = [], [outcome] = []] = await this.runForResults('flowClaim', (r) =>
-      this.bindClaim(
-        request,
-        request.limit,
-      )(r)
-        .input('keysAhead', sql.Int, FLOW_KEYS_AHEAD)
-        .input('keysMax', sql.Int, FLOW_KEYS_MAX),
+      this.bindClaim(request)(r).input('keysAhead', sql.Int, FLOW_KEYS_AHEAD).input('keysMax', sql.Int, FLOW_KEYS_MAX),
     );
     this.flowRouting.noteRateWindow(request.queue, (outcome?.RateFreeInMs as number | null | undefined) ?? null);
     return rows.map(toClaimedJob);
   }
 
-  private bindClaim(request: ClaimRequest, limit: number): (r: sql.Request) => sql.Request {
+  private bindClaim(request: ClaimRequest): (r: sql.Request) => sql.Request {
     return (r) =>
       r
         .input('queue', sql.NVarChar(128), request.queue)
-        .input('limit', sql.Int, limit)
+        .input('limit', sql.Int, request.limit)
         .input('groupBatchSize', sql.Int, Math.max(1, Math.min(request.groupBatchSize ?? 1, INT_MAX)))
         .input('leaseMs', sql.Int, Math.min(request.leaseMs, INT_MAX))
         .input('workerId', sql.NVarChar(255), request.workerId);
@@ -359,22 +358,7 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
     const [row] = await this.run<Row>('flowUsage', (r) =>
       r.input('queue', sql.NVarChar(128), queue).input('top', sql.Int, Math.max(0, Math.min(top, INT_MAX))),
     );
-    const rate = (max: unknown, perMs: unknown) =>
-      max === null || max === undefined ? null : { max: Number(max), perMs: Number(perMs) };
-    const limits: FlowLimits = {
-      globalConcurrency: (row?.GlobalConcurrency as number | null) ?? null,
-      concurrencyPerKey: (row?.ConcurrencyPerKey as number | null) ?? null,
-      rateLimit: rate(row?.RateMax, row?.RatePerMs),
-      rateLimitPerKey: rate(row?.KeyRateMax, row?.KeyRatePerMs),
-    };
-    return {
-      queue,
-      limits: Object.values(limits).every((value) => value === null) ? null : limits,
-      running: Number(row?.Running ?? 0),
-      windowStarts: (row?.WindowStarts as number | null) ?? null,
-      keysAtLimit: (row?.KeysAtLimit as number | null) ?? null,
-      keys: row?.Keys ? (JSON.parse(row.Keys as string) as FlowKeyUsage[]) : [],
-    };
+    return toFlowUsage(queue, row, COLUMNS);
   }
 
   async heartbeat(items: readonly HeartbeatItem[]): Promise<HeartbeatResult[]> {

@@ -17,6 +17,8 @@ export interface PgQueryable {
  */
 export interface PgDriver extends PgQueryable {
   readonly kind: 'pg' | 'pglite';
+  /** Connections of the pool; null for PGlite's one session. */
+  readonly poolSize: number | null;
   /** Runs a hot statement as a named prepared statement where the driver supports it. */
   queryPrepared<R = Record<string, unknown>>(name: string, text: string, params: unknown[]): Promise<PgRows<R>>;
   transaction<T>(work: (client: PgQueryable) => Promise<T>): Promise<T>;
@@ -27,6 +29,7 @@ export interface PgDriver extends PgQueryable {
 /** Embedded PostgreSQL (WASM): one session, so statements are serialized by PGlite itself. */
 export class PGliteDriver implements PgDriver {
   readonly kind = 'pglite';
+  readonly poolSize = null;
 
   constructor(
     private readonly db: SqlQueuePGlite,

@@ -12,6 +12,11 @@ export class NodePgDriver implements PgDriver {
     private readonly onListenError: (error: Error) => void,
   ) {}
 
+  /** node-postgres keeps the options a pool was built with (max defaults to 10). */
+  get poolSize(): number {
+    return (this.pool as unknown as { options?: { max?: number } }).options?.max ?? 10;
+  }
+
   async query<R>(text: string, params: unknown[] = []): Promise<PgRows<R>> {
     return (await this.pool.query(text, params)) as unknown as PgRows<R>;
   }

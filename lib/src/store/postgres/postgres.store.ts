@@ -40,8 +40,6 @@ import type {
   JobListPage,
   JobListRequest,
   JobRecord,
-  FlowKeyUsage,
-  FlowLimits,
   FlowUsage,
   JobState,
   ListedJobState,
@@ -78,6 +76,7 @@ import {
   newJobValues,
   snakeCaseColumns,
   toQueueHealth,
+  toFlowUsage,
   toQueueStats,
   toScheduleRow,
 } from '../rows.js';
@@ -112,6 +111,10 @@ const PG_NAME_MAX_BYTES = 63;
 
 export class PostgresQueueStore implements QueueStore, ScheduleStore {
   readonly dialect = 'postgres';
+
+  get poolSize(): number | null {
+    return this.driver.poolSize;
+  }
   private readonly sql: PgQueries;
   /** Prepared-statement names are per schema, since the statement text embeds the schema. */
   private readonly prepared: (name: keyof PgQueries) => string;
@@ -305,22 +308,7 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
 
   async flowUsage(queue: string, top: number): Promise<FlowUsage> {
     const [row] = await this.run<Row>(null, 'flowUsage', [queue, top]);
-    const rate = (max: unknown, perMs: unknown) =>
-      max === null || max === undefined ? null : { max: Number(max), perMs: Number(perMs) };
-    const limits: FlowLimits = {
-      globalConcurrency: (row!.global_concurrency as number | null) ?? null,
-      concurrencyPerKey: (row!.concurrency_per_key as number | null) ?? null,
-      rateLimit: rate(row!.rate_max, row!.rate_per_ms),
-      rateLimitPerKey: rate(row!.key_rate_max, row!.key_rate_per_ms),
-    };
-    return {
-      queue,
-      limits: Object.values(limits).every((value) => value === null) ? null : limits,
-      running: Number(row!.running),
-      windowStarts: (row!.window_starts as number | null) ?? null,
-      keysAtLimit: (row!.keys_at_limit as number | null) ?? null,
-      keys: row!.keys as FlowKeyUsage[],
-    };
+    return toFlowUsage(queue, row, COLUMNS);
   }
 
   private claimParams(request: ClaimRequest, limit: number, flow: boolean): unknown[] {
@@ -413,14 +401,7 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
   async complete(items: readonly CompleteItem[]): Promise<CompleteResult[]> {
     if (items.length === 0) return [];
     const rows = await this.run<{ id: string; outcome: OwnershipOutcome } & Emptied>(null, 'complete', [
-      JSON.stringify(
-        items.map((item) => ({
-          id: item.id,
-          token: item.claimToken,
-          result: item.result ?? null,
-          progress: item.progress ?? null,
-        })),
-      ),
+      completionDocument(items),
     ]);
     this.settle(rows[0]?.emptied_groups);
     return rows.map((row) => ({ id: row.id, outcome: row.outcome }));
@@ -439,16 +420,19 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
       complete: async (item) => {
         // Prepared on the connection, as the store's own statements are (planned afresh it costs ~1.5 ms).
         const rows = await this.runInOwn<{ id: string; outcome: OwnershipOutcome } & Emptied>(open.client, 'complete', [
-          JSON.stringify([
-            { id: item.id, token: item.claimToken, result: item.result ?? null, progress: item.progress ?? null },
-          ]),
+          completionDocument([item]),
         ]);
         emptied = rows[0]?.emptied_groups;
         return { id: item.id, outcome: rows[0]?.outcome ?? 'lost' };
       },
       commit: async () => {
-        await open.commit();
-        this.settle(emptied);
+        try {
+          await open.commit();
+        } finally {
+          // Also when the commit's reply was lost: settling re-reads each group, so a group the
+          // completion did not empty after all (the commit did not happen) is left as it is.
+          this.settle(emptied);
+        }
       },
       rollback: () => open.rollback(),
     };
@@ -1213,6 +1197,18 @@ interface FlowBudgetRow {
   paused: boolean;
   keyed_work: boolean;
   plain_work: boolean;
+}
+
+/** The complete statement's $1: the items as a JSON document. */
+function completionDocument(items: readonly CompleteItem[]): string {
+  return JSON.stringify(
+    items.map((item) => ({
+      id: item.id,
+      token: item.claimToken,
+      result: item.result ?? null,
+      progress: item.progress ?? null,
+    })),
+  );
 }
 
 function toJobRecord(row: Row): JobRecord {

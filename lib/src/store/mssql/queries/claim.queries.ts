@@ -335,22 +335,18 @@ FROM @items AS i LEFT JOIN @extended AS e ON e.[Id] = i.[Id];`;
 // is settled in the same transaction (settleGroups): released once no job of its batch is
 // leased any more, headed by its next job.
 export function complete(t: MssqlTables): string {
-  return completion(t, (body) => `${MSSQL_STORE_SESSION}${body((change) => atomically(change))}`);
+  return completion(t, MSSQL_STORE_SESSION, atomically);
 }
 
 // @items CompletionList (one job): complete's change inside a transactional handler's
 // transaction, the store's own, which commits it with the handler's writes (or rolls it back).
 export function completeInTransaction(t: MssqlTables): string {
-  return completion(t, (body) => `${MSSQL_STORE_TRANSACTION_SESSION}${body((change) => change)}`);
+  return completion(t, MSSQL_STORE_TRANSACTION_SESSION, (change) => change);
 }
 
-function completion(
-  t: MssqlTables,
-  session: (body: (inTransaction: (change: string) => string) => string) => string,
-): string {
+function completion(t: MssqlTables, session: string, inTransaction: (change: string) => string): string {
   const { jobs, groups } = t;
-  return session(
-    (inTransaction) => `${movedJobsTable('@completed')}${TOUCHED_GROUPS}${inTransaction(`  UPDATE j
+  return `${session}${movedJobsTable('@completed')}${TOUCHED_GROUPS}${inTransaction(`  UPDATE j
   SET [State] = 'done', [FinishedAt] = SYSUTCDATETIME(), [LeaseUntil] = NULL, [Result] = i.[Result],
       [Progress] = ISNULL(i.[Progress], j.[Progress])
   OUTPUT inserted.[Id], inserted.[Queue], inserted.[GroupKey], inserted.[ClaimToken]
@@ -363,8 +359,7 @@ SELECT CAST(i.[Id] AS varchar(20)) AS [Id],
   CASE WHEN c.[Id] IS NOT NULL THEN 'ok'
        WHEN EXISTS (SELECT 1 FROM ${jobs} AS d WHERE d.[Id] = i.[Id] AND d.[ClaimToken] = i.[Token] AND d.[State] = 'done') THEN 'already'
        ELSE 'lost' END AS [Outcome]
-FROM @items AS i LEFT JOIN @completed AS c ON c.[Id] = i.[Id];`,
-  );
+FROM @items AS i LEFT JOIN @completed AS c ON c.[Id] = i.[Id];`;
 }
 
 // @items FailureList. The state change and its attempt row commit together. A retry with a
