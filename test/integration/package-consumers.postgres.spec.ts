@@ -163,6 +163,18 @@ class PingHandler {
 Injectable()(PingHandler);
 QueueHandler('ping')(PingHandler);
 
+// A transactional handler, as docs/exactly-once.md writes one: its statement runs in the job's transaction.
+let ledgered;
+const ledger = new Promise((resolve) => (ledgered = resolve));
+class LedgerHandler {
+  async handle(payload, context) {
+    const { rows } = await context.transaction.query("SELECT now() = statement_timestamp() AS outside, 'in-tx' AS v");
+    ledgered(rows[0]);
+  }
+}
+Injectable()(LedgerHandler);
+QueueHandler('ledger', { transactional: true, maxReaders: 2 })(LedgerHandler);
+
 const pool = new pg.Pool({ connectionString: url, max: 4 });
 class AppModule {}
 Module({
@@ -171,14 +183,16 @@ Module({
     SqlQueueModule.forRoot({ connection: { pool }, schema }),
     SqlQueueDashboardModule.forRoot({ guard: 'none', readOnly: true }),
   ],
-  providers: [PingHandler],
+  providers: [PingHandler, LedgerHandler],
 })(AppModule);
 
 (async () => {
   const app = await NestFactory.create(AppModule, { logger: ['error'] });
   await app.listen(0, '127.0.0.1');
   await app.get(QueueProducer).enqueue('ping', { from: 'commonjs' });
+  await app.get(QueueProducer).enqueue('ledger', {});
   const result = await job;
+  result.ledger = await ledger;
   const base = 'http://127.0.0.1:' + app.getHttpServer().address().port + '/queues/';
   const page = await fetch(base);
   const html = await page.text();
@@ -247,6 +261,15 @@ export class PingHandler implements QueueJobHandler<Ping, { pong: number }> {
 }
 
 @Injectable()
+@QueueHandler('ledger', { transactional: true })
+export class LedgerHandler implements QueueJobHandler<{ amount: number }> {
+  async handle(payload: { amount: number }, context: JobContext): Promise<void> {
+    const client = context.transaction as pg.PoolClient;
+    await client.query('INSERT INTO ledger (amount) VALUES ($1)', [payload.amount]);
+  }
+}
+
+@Injectable()
 export class PingService {
   constructor(private readonly producer: QueueProducer) {}
 
@@ -291,7 +314,7 @@ export class PingService {
     SqlQueuePrometheusModule.forRoot({}),
     SqlQueueDashboardModule.forRoot(dashboard),
   ],
-  providers: [PingHandler, PingService],
+  providers: [PingHandler, LedgerHandler, PingService],
 })
 export class AppModule {}
 `;
@@ -488,8 +511,10 @@ describe('the packed package in a CommonJS and an ESM application', () => {
         linksScript: true,
         script: 200,
         scriptType: expect.stringMatching(/^text\/javascript/),
-        queues: ['ping'],
+        queues: ['ledger', 'ping'],
       },
+      // now() is the transaction's start, statement_timestamp() this statement's: in a transaction they differ.
+      ledger: { outside: false, v: 'in-tx' },
     });
   });
 
