@@ -1,5 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type sql from 'mssql';
 import type { QueueStore } from '../../lib/src/core/queue-store.js';
+import type { JobRecord as JobRecordLike } from '../../lib/src/core/types.js';
 import { prepareJob } from '../../lib/src/core/producer/job-validation.js';
 import { uniqueSchema } from '../helpers/databases.js';
 import type { StoreTarget } from './store-contract.js';
@@ -73,6 +75,55 @@ export function describeHandlerTransactionContract(target: StoreTarget): void {
       expect((await store.stats(`${job.queue}.next`)).ready).toBe(0);
       expect(await store.getJob(job.id)).toMatchObject({ state: 'leased' });
     });
+
+    /** A statement of the handler's own through its handle, in each driver's way. */
+    function statementOn(handle: unknown, text: { postgres: string; mssql: string }): Promise<unknown> {
+      if (store.dialect === 'mssql') return (handle as sql.Transaction).request().query(text.mssql);
+      return (handle as { query(text: string): Promise<unknown> }).query(text.postgres);
+    }
+
+    it("the handle refuses the handler's statements once its transaction ended (its connection is back in the pool)", async () => {
+      const job = await claimOne();
+      const transaction = await store.beginHandlerTransaction!();
+      await transaction.complete({ id: job.id, claimToken: job.claimToken });
+      await transaction.commit();
+      const late = `${job.queue}.late`;
+      // Were it run, it would commit on its own, outside any transaction of the job.
+      await expect(statementOn(transaction.handle, { postgres: 'SELECT 1', mssql: 'SELECT 1' })).rejects.toThrow();
+      await expect(store.enqueue([prepareJob(late, {}, {}, LIMITS)], transaction.handle)).rejects.toThrow();
+      expect((await store.stats(late)).ready).toBe(0);
+    });
+
+    it('readBack waits for a transaction still holding the row, then reads what it committed', async () => {
+      const job = await claimOne();
+      const transaction = await store.beginHandlerTransaction!();
+      await transaction.complete({ id: job.id, claimToken: job.claimToken, result: '{"n":2}' });
+      let read: JobRecordLike | null | undefined;
+      const reading = transaction.readBack(job.id).then((row) => (read = row));
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      expect(read).toBeUndefined(); // a plain read would have answered 'leased' by now
+      await transaction.commit();
+      await reading;
+      expect(read).toMatchObject({ state: 'done', claimToken: job.claimToken, result: { n: 2 } });
+    });
+
+    it.runIf(target.name.startsWith('mssql'))(
+      "a rollback while the handler's request still runs (an abandoned handler) ends it and frees the connection",
+      async () => {
+        const job = await claimOne();
+        const transaction = await store.beginHandlerTransaction!();
+        const sleeping = statementOn(transaction.handle, { postgres: '', mssql: "WAITFOR DELAY '00:00:20'" });
+        sleeping.catch(() => undefined);
+        await new Promise((resolve) => setTimeout(resolve, 200));
+        const startedAt = Date.now();
+        await transaction.rollback();
+        expect(Date.now() - startedAt).toBeLessThan(10_000);
+        await expect(sleeping).rejects.toThrow();
+        // The job is still its owner's, and the pool still serves every connection it has.
+        expect(await store.getJob(job.id)).toMatchObject({ state: 'leased' });
+        await Promise.all(Array.from({ length: 4 }, () => store.stats(job.queue)));
+      },
+    );
 
     it('a rollback after a failed statement, and a second rollback, do not throw', async () => {
       const transaction = await store.beginHandlerTransaction!();

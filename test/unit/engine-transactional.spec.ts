@@ -16,8 +16,10 @@ import { FakeClock } from '../helpers/fake-clock.js';
 import { MemoryStore } from '../helpers/memory-store.js';
 
 interface Script {
-  begin?: () => void;
+  begin?: () => void | Promise<void>;
   complete?: (item: CompleteItem) => 'ok' | 'lost' | Error;
+  /** Awaited before the completion statement returns (its row stays locked meanwhile). */
+  completed?: () => Promise<void>;
   commit?: () => Error | null;
   /** What getJob answers after a failed commit (an Error: the read fails too). */
   row?: (token: string) => Partial<JobRecord> | null | Error;
@@ -33,7 +35,7 @@ function transactionalStore(script: Script = {}) {
   const handle = { kind: 'the handle' };
   Object.assign(store, {
     async beginHandlerTransaction(): Promise<HandlerTransaction> {
-      script.begin?.();
+      await script.begin?.();
       log.push('begin');
       return {
         handle,
@@ -42,6 +44,7 @@ function transactionalStore(script: Script = {}) {
           log.push('complete');
           const outcome = script.complete?.(item) ?? 'ok';
           if (outcome instanceof Error) throw outcome;
+          await script.completed?.();
           return { id: item.id, outcome };
         },
         async commit() {
@@ -52,13 +55,13 @@ function transactionalStore(script: Script = {}) {
         async rollback() {
           log.push('rollback');
         },
+        async readBack(id: string) {
+          log.push('readBack');
+          const row = script.row?.(token) ?? null;
+          if (row instanceof Error) throw row;
+          return row === null ? null : ({ id, ...row } as JobRecord);
+        },
       };
-    },
-    async getJob(id: string) {
-      log.push('getJob');
-      const row = script.row?.(token) ?? null;
-      if (row instanceof Error) throw row;
-      return row === null ? null : ({ id, ...row } as JobRecord);
     },
     async complete(items: readonly OwnedJob[]) {
       log.push('complete outside');
@@ -79,7 +82,8 @@ function transactionalStore(script: Script = {}) {
 async function runOne(
   store: MemoryStore,
   handler: (payload: unknown, ctx: JobContext) => Promise<unknown>,
-  options = { transactional: true },
+  options: Record<string, unknown> = { transactional: true },
+  runMs = 200,
 ) {
   const clock = new FakeClock();
   const events = { completed: [] as unknown[], lost: [] as unknown[] };
@@ -93,10 +97,16 @@ async function runOne(
     handler,
   );
   consumer.start();
-  await clock.advance(100);
-  await clock.advance(100);
+  for (let ms = 0; ms < runMs; ms += 100) await clock.advance(100);
   await stopOnFakeClock(consumer, clock);
   return { events, warnings: lines };
+}
+
+/** Resolves when `open()` is called; until then whoever awaits `opened` waits. */
+function gate() {
+  let open!: () => void;
+  const opened = new Promise<void>((resolve) => (open = resolve));
+  return { opened, open };
 }
 
 describe('transactional handlers in the engine', () => {
@@ -136,7 +146,7 @@ describe('transactional handlers in the engine', () => {
       row: (token) => ({ state: 'done', claimToken: token }),
     });
     const { events, warnings } = await runOne(store, async () => undefined);
-    expect(log).toEqual(['begin', 'complete', 'commit', 'getJob']);
+    expect(log).toEqual(['begin', 'complete', 'commit', 'readBack']);
     expect(events.completed).toHaveLength(1);
     expect(fails).toEqual([]);
     expect(warnings.some((w) => w.includes('but it committed'))).toBe(true);
@@ -186,6 +196,107 @@ describe('transactional handlers in the engine', () => {
     expect(ran).toBe(false);
     expect(releases).toHaveLength(1);
     expect(warnings.some((w) => w.includes('could not open its handler'))).toBe(true);
+  });
+
+  it('a handler that returns after its timeout: rolled back, never completed (the timeout is its failure)', async () => {
+    const { store, log, fails } = transactionalStore();
+    const { events } = await runOne(
+      store,
+      async (_payload, ctx) => {
+        await new Promise((resolve) => ctx.signal.addEventListener('abort', resolve));
+        return 'too late';
+      },
+      { transactional: true, leaseMs: 600, maxDurationMs: 1_000 },
+      2_000,
+    );
+    expect(log).toEqual(['begin', 'rollback']);
+    expect(events.completed).toEqual([]);
+    expect(fails).toHaveLength(1);
+    expect(fails[0]!.error).toMatch(/exceeded maxDurationMs=1000/);
+  });
+
+  it('a transaction that opens after shutdown began: rolled back, the job given back, its handler never runs', async () => {
+    const opening = gate();
+    const { store, log, releases } = transactionalStore({ begin: () => opening.opened });
+    const clock = new FakeClock();
+    let ran = false;
+    const consumer = new QueueConsumer(
+      engineDeps(store, clock),
+      queueOptions({ minReaders: 1, maxReaders: 1, transactional: true }),
+      async () => {
+        ran = true;
+      },
+    );
+    consumer.start();
+    await clock.advance(100);
+    const stopped = consumer.stop(0);
+    await clock.advance(100);
+    opening.open();
+    await clock.advance(20_000);
+    await stopped;
+    expect(ran).toBe(false);
+    expect(log).toEqual(['begin', 'rollback']);
+    expect(releases.map((r) => r.id)).toEqual(['1']);
+  });
+
+  it('leaves a job whose completion is committing out of heartbeats (its row is locked until the commit)', async () => {
+    const committing = gate();
+    let completing = false;
+    const { store, log } = transactionalStore({
+      complete: () => {
+        completing = true;
+        return 'ok';
+      },
+      completed: () => committing.opened,
+    });
+    const renewedWhileCommitting: string[] = [];
+    const heartbeat = store.heartbeat.bind(store);
+    store.heartbeat = async (items) => {
+      if (completing) renewedWhileCommitting.push(...items.map((i) => i.id));
+      return heartbeat(items);
+    };
+    const clock = new FakeClock();
+    const consumer = new QueueConsumer(
+      engineDeps(store, clock),
+      queueOptions({ minReaders: 1, maxReaders: 1, transactional: true, leaseMs: 600 }),
+      async () => undefined,
+    );
+    consumer.start();
+    for (let ms = 0; ms < 1_500; ms += 100) await clock.advance(100);
+    expect(completing).toBe(true);
+    committing.open();
+    await clock.advance(100);
+    await stopOnFakeClock(consumer, clock);
+    expect(renewedWhileCommitting).toEqual([]);
+    expect(log).toEqual(['begin', 'complete', 'commit']);
+  });
+
+  it('on a single-session store (PGlite) a handler longer than its lease is not aborted while its transaction holds the session', async () => {
+    const { store, log, fails } = transactionalStore();
+    // As on PGlite: no other statement runs while the transaction is open, the heartbeat included.
+    Object.assign(store, { singleSession: true });
+    store.heartbeat = () => new Promise(() => undefined);
+    const finish = gate();
+    const clock = new FakeClock();
+    const events = { completed: [] as unknown[] };
+    const consumer = new QueueConsumer(
+      engineDeps(store, clock, { listeners: [{ completed: (e) => events.completed.push(e) }] }),
+      queueOptions({ minReaders: 1, maxReaders: 1, transactional: true, leaseMs: 600 }),
+      async (_payload, ctx) => {
+        await Promise.race([
+          finish.opened,
+          new Promise((_, reject) => ctx.signal.addEventListener('abort', () => reject(ctx.signal.reason))),
+        ]);
+      },
+    );
+    consumer.start();
+    for (let ms = 0; ms < 3_000; ms += 100) await clock.advance(100);
+    finish.open();
+    await clock.advance(100);
+    await stopOnFakeClock(consumer, clock);
+    expect(fails).toEqual([]);
+    expect(log).toEqual(['begin', 'complete', 'commit']);
+    expect(events.completed).toHaveLength(1);
   });
 
   it('without the option, the handler gets no transaction and the completion goes out as always', async () => {

@@ -69,8 +69,19 @@ export interface HandlerTransaction {
   complete(item: CompleteItem): Promise<CompleteResult>;
   /** Commits; rejects when the commit failed or its reply was lost (whether it committed is then unknown). */
   commit(): Promise<void>;
-  /** Rolls back; never rejects (a broken connection has rolled back on the server by itself). */
+  /**
+   * Rolls back; never rejects (a broken connection has rolled back on the server by itself). Also
+   * while the handler still has a statement running (an abandoned handler): the handle refuses
+   * new statements at once, and the connection is never handed back to the pool with the
+   * transaction open (closed instead where the driver cannot roll back mid-request).
+   */
   rollback(): Promise<void>;
+  /**
+   * After a commit that failed: the job's row as the database has it once that commit has ended,
+   * read on another connection with a locking read (it waits for a commit still in progress
+   * instead of reading the row from before it), so the outcome is found out, not guessed.
+   */
+  readBack(id: JobId): Promise<JobRecord | null>;
 }
 
 /**
@@ -90,6 +101,11 @@ export interface QueueStore extends ScheduleStore {
    * null when it cannot tell or there is no pool (PGlite: one session).
    */
   readonly poolSize?: number | null;
+  /**
+   * Every statement shares one session (PGlite): a handler's transaction held open makes every
+   * other statement wait, heartbeats included, and nothing else can take its job meanwhile.
+   */
+  readonly singleSession?: boolean;
 
   /** Applies (`auto`) or verifies (`check`) the schema; refuses a schema newer than the code. */
   migrate(mode: MigrationMode): Promise<SchemaStatus>;

@@ -29,6 +29,17 @@ export interface HeldJob {
   postponeMs: number | null;
   shutdownAborted: boolean;
   /**
+   * Its completion is being recorded in its handler's transaction: the row is locked until the
+   * commit, so heartbeats leave it out (a renewal would wait on that lock, and every renewal in
+   * its batch with it).
+   */
+  committing: boolean;
+  /**
+   * Its handler's transaction holds the store's only session (PGlite): its lease cannot be renewed
+   * until it ends and nobody can take the job meanwhile, so the lease is not expired locally.
+   */
+  holdsSession: boolean;
+  /**
    * The rest of an ordered group's batch (same claim token), run after this job, in order, by
    * the same reader; empty for any other job.
    */
@@ -102,6 +113,8 @@ export class HeldJobs {
       pendingProgress: null,
       postponeMs: null,
       shutdownAborted: false,
+      committing: false,
+      holdsSession: false,
       followers: [],
       recorded: null,
     };

@@ -15,6 +15,7 @@ import type { AckerDeps, JobAcker } from './job-acker.js';
 import type { LeaseKeeper } from './lease-keeper.js';
 import { MAX_RESULT_BYTES, type CompleteResult, type JobRecord } from '../types.js';
 import type { HandlerTransaction } from '../queue-store.js';
+import { withTimeout } from '../timeout.js';
 
 /** How long after aborting a handler the reader keeps waiting for it before moving on. */
 const ABANDON_GRACE_MS = 5_000;
@@ -102,12 +103,7 @@ export class JobRunner {
 
   private async run(held: HeldJob): Promise<RunOutcome> {
     const { job } = held;
-    if (held.aborted) {
-      // Canceled while it waited behind the jobs before it in its group batch: recorded now.
-      if (held.canceled) this.acker.cancel(held, held.abortReason as SqlQueueCanceledError);
-      else this.jobs.forget(held); // its lease was lost or ran out while it waited
-      return 'ended';
-    }
+    if (held.aborted) return this.endUnstarted(held);
     // A transactional queue's attempt runs in a transaction opened before its handler: one that
     // cannot be opened (the pool exhausted, the database away) gives the job back unstarted.
     let transaction: HandlerTransaction | null = null;
@@ -121,6 +117,15 @@ export class JobRunner {
         this.acker.release([held]);
         return 'released';
       }
+      // Shutdown, a cancellation or a lost lease may have come while it opened: the handler
+      // would run outside what shutdown waits for, or for a job no longer its own.
+      if (this.host.stopping() || held.aborted) {
+        await transaction.rollback();
+        if (held.aborted) return this.endUnstarted(held);
+        this.acker.release([held]);
+        return 'released';
+      }
+      held.holdsSession = this.deps.store.singleSession === true;
     }
     const context: JobContext = {
       jobId: job.id,
@@ -148,7 +153,20 @@ export class JobRunner {
       return await execution;
     } finally {
       this.jobs.running.delete(held);
+      held.committing = false;
+      held.holdsSession = false;
     }
+  }
+
+  /**
+   * A job aborted before its handler started (while it waited behind the jobs before it in its
+   * group batch, or while its transaction opened): a cancellation is recorded now; a lease that
+   * was lost or ran out lets it go.
+   */
+  private endUnstarted(held: HeldJob): RunOutcome {
+    if (held.canceled) this.acker.cancel(held, held.abortReason as SqlQueueCanceledError);
+    else this.jobs.forget(held);
+    return 'ended';
   }
 
   /**
@@ -173,6 +191,7 @@ export class JobRunner {
       return 'ended' as const;
     };
     let outcome: CompleteResult['outcome'];
+    held.committing = true;
     try {
       ({ outcome } = await transaction.complete({
         id: job.id,
@@ -193,9 +212,11 @@ export class JobRunner {
       await transaction.commit();
     } catch (error) {
       // Committed or not: the job's row says which (its completion carries this attempt's token).
+      // Bounded: the read waits for the failed commit's session, which a partitioned network can
+      // keep open on the server for long.
       let row: JobRecord | null;
       try {
-        row = await this.deps.store.getJob(job.id);
+        row = await withTimeout(transaction.readBack(job.id), this.options.leaseMs, "reading the job's row back");
       } catch (readError) {
         this.deps.logger.warn(
           `job ${job.id} in queue '${job.queue}': its transaction's commit failed (${describeReason(error)}) and its outcome cannot be read (${describeReason(readError)}); the database decides: done if it committed, else it runs again after its lease`,

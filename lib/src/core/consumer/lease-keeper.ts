@@ -84,12 +84,14 @@ export class LeaseKeeper {
     const due: HeldJob[] = [];
     const progressDue = now - this.lastProgressWriteAt >= PROGRESS_INTERVAL_MS;
     for (const held of this.jobs.values()) {
-      if (held.lost || held.timedOut) continue;
+      if (held.lost || held.timedOut || held.committing) continue;
       const maxDuration = this.options.maxDurationMs;
       if (maxDuration !== null && now - held.claimedAtLocal >= maxDuration && this.jobs.running.has(held)) {
         this.timeOut(held, maxDuration);
         continue;
       }
+      // Its renewal would only wait for the transaction that holds the only session (PGlite).
+      if (held.holdsSession) continue;
       if (now >= held.localLeaseUntil) {
         // Could not renew in time (database unreachable): another worker may own it by now.
         abortJob(

@@ -22,6 +22,7 @@ import { ping, queueHealth, readThroughput, recordThroughput, stats } from './qu
 import {
   getAttempts,
   getJob,
+  getJobAfterWriters,
   listDead,
   listDeadJobs,
   listDelayedJobs,
@@ -108,6 +109,7 @@ const STATEMENTS = {
   hasClaimableWork,
   stats,
   getJob,
+  getJobAfterWriters,
   getAttempts,
   listDead,
   retryDead,

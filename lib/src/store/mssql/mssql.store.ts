@@ -69,6 +69,7 @@ import { assertSchemaName, INT_MAX, settingsByQueue } from '../../core/validatio
 import { withTimeout } from '../../core/timeout.js';
 import { errorNumber, isLockConflict, isMssqlRefusal, isTransientMssqlError } from './mssql.errors.js';
 import { assertMssqlSchemaName } from './mssql.identifiers.js';
+import { connectionOf, discardIfStillInTransaction, rollbackOrClose } from './mssql.handler-connection.js';
 import {
   MSSQL_LATEST_VERSION,
   MSSQL_MIGRATIONS,
@@ -418,6 +419,7 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
   async beginHandlerTransaction(): Promise<HandlerTransaction> {
     const transaction = new sql.Transaction(await this.connected());
     await transaction.begin(sql.ISOLATION_LEVEL.READ_COMMITTED);
+    const connection = connectionOf(transaction);
     return {
       handle: transaction,
       complete: async (item) => {
@@ -428,9 +430,16 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
         );
         return { id: item.id, outcome: row?.Outcome ?? 'lost' };
       },
-      commit: () => transaction.commit(),
-      // A failed statement under XACT_ABORT (or a deadlock) has rolled it back on the server already.
-      rollback: () => transaction.rollback().catch(() => undefined),
+      commit: async () => {
+        try {
+          await transaction.commit();
+        } catch (error) {
+          discardIfStillInTransaction(connection);
+          throw error;
+        }
+      },
+      rollback: () => rollbackOrClose(transaction, connection),
+      readBack: (id) => this.readJob('getJobAfterWriters', id),
     };
   }
 
@@ -639,8 +648,12 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
     return rows.map((row) => toQueueHealth(row, COLUMNS));
   }
 
-  async getJob(id: JobId): Promise<JobRecord | null> {
-    const rows = await this.run<Row>('getJob', (r) => r.input('id', sql.BigInt, id));
+  getJob(id: JobId): Promise<JobRecord | null> {
+    return this.readJob('getJob', id);
+  }
+
+  private async readJob(statement: 'getJob' | 'getJobAfterWriters', id: JobId): Promise<JobRecord | null> {
+    const rows = await this.run<Row>(statement, (r) => r.input('id', sql.BigInt, id));
     return rows[0] ? toJobRecord(rows[0]) : null;
   }
 

@@ -1,4 +1,4 @@
-import { SqlQueueValidationError } from '../../core/errors.js';
+import { SqlQueueTransactionError, SqlQueueValidationError } from '../../core/errors.js';
 import type { SqlQueuePGlite } from '../driver-shapes.js';
 import { quotePgIdentifier } from './postgres.identifiers.js';
 
@@ -87,4 +87,39 @@ export function asCallerTransaction(transaction: unknown): PgQueryable {
     );
   }
   return candidate as PgQueryable;
+}
+
+/**
+ * A transactional handler's view of its pg client: once the transaction has ended its statements
+ * are refused, since the client is back in the pool by then, perhaps in another caller's
+ * transaction (an abandoned handler may go on using it). It cannot release or end the client,
+ * which is the queue's until the transaction ends. Everything else is the client's own.
+ */
+export function endingClient<C extends object>(client: C, ended: () => boolean): C {
+  const refusal = () =>
+    new SqlQueueTransactionError(
+      "this job's transaction has ended (the handler returned, threw, or was abandoned): its connection is back in the pool",
+    );
+  return new Proxy(client, {
+    get(target, property) {
+      if (property === 'query') {
+        return (...args: unknown[]) => {
+          if (!ended()) return (target as unknown as { query(...a: unknown[]): unknown }).query(...args);
+          const callback = args.at(-1);
+          if (typeof callback !== 'function') return Promise.reject(refusal());
+          process.nextTick(callback as (error: Error) => void, refusal());
+          return undefined;
+        };
+      }
+      if (property === 'release' || property === 'end') {
+        return () => {
+          throw new SqlQueueTransactionError(
+            `context.transaction.${property}(): the job's transaction belongs to the queue, which commits or rolls it back and releases its connection when the handler returns`,
+          );
+        };
+      }
+      const value: unknown = Reflect.get(target, property, target);
+      return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(target) : value;
+    },
+  });
 }

@@ -23,6 +23,7 @@ import { monitoringSettings, queueHealth, readThroughput, recordThroughput, stat
 import {
   getAttempts,
   getJob,
+  getJobAfterWriters,
   listDead,
   listDeadJobs,
   listDelayedJobs,
@@ -115,6 +116,7 @@ const STATEMENTS = {
   hasClaimableWork,
   stats,
   getJob,
+  getJobAfterWriters,
   getAttempts,
   listDead,
   retryDead,

@@ -66,7 +66,7 @@ import type {
 } from '../../core/schedules/index.js';
 import { assertSchemaName, settingsByQueue } from '../../core/validation.js';
 import { settleWithin, withTimeout } from '../../core/timeout.js';
-import { asCallerTransaction, type PgDriver, type PgQueryable } from './postgres.driver.js';
+import { asCallerTransaction, endingClient, type PgDriver, type PgQueryable } from './postgres.driver.js';
 import { isPgRefusal, isTransientPgError } from './postgres.errors.js';
 import { PG_LATEST_VERSION, PG_MIGRATIONS, pgBootstrap, pgMigrationLockKey } from './postgres.migrations.js';
 import { pgQueries, type PgQueries } from './postgres.queries.js';
@@ -114,6 +114,10 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
 
   get poolSize(): number | null {
     return this.driver.poolSize;
+  }
+
+  get singleSession(): boolean {
+    return this.driver.kind === 'pglite';
   }
   private readonly sql: PgQueries;
   /** Prepared-statement names are per schema, since the statement text embeds the schema. */
@@ -415,8 +419,11 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
   async beginHandlerTransaction(): Promise<HandlerTransaction> {
     const open = await openTransaction<PgQueryable>((work) => this.driver.transaction(work));
     let emptied: GroupRef[] | null | undefined;
+    let ended = false;
     return {
-      handle: open.client,
+      // A PGlite transaction refuses statements once it ended by itself; a pg client goes back to
+      // the pool, so the handler's view of it refuses them instead.
+      handle: this.driver.kind === 'pg' ? endingClient(open.client, () => ended) : open.client,
       complete: async (item) => {
         // Prepared on the connection, as the store's own statements are (planned afresh it costs ~1.5 ms).
         const rows = await this.runInOwn<{ id: string; outcome: OwnershipOutcome } & Emptied>(open.client, 'complete', [
@@ -426,6 +433,7 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
         return { id: item.id, outcome: rows[0]?.outcome ?? 'lost' };
       },
       commit: async () => {
+        ended = true;
         try {
           await open.commit();
         } finally {
@@ -434,7 +442,11 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
           this.settle(emptied);
         }
       },
-      rollback: () => open.rollback(),
+      rollback: () => {
+        ended = true;
+        return open.rollback();
+      },
+      readBack: (id) => this.readJob('getJobAfterWriters', id),
     };
   }
 
@@ -558,8 +570,12 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
     return rows.map((row) => toQueueHealth(row, COLUMNS));
   }
 
-  async getJob(id: JobId): Promise<JobRecord | null> {
-    const rows = await this.driver.query<Row>(this.sql.getJob, [id]);
+  getJob(id: JobId): Promise<JobRecord | null> {
+    return this.readJob('getJob', id);
+  }
+
+  private async readJob(statement: 'getJob' | 'getJobAfterWriters', id: JobId): Promise<JobRecord | null> {
+    const rows = await this.driver.query<Row>(this.sql[statement], [id]);
     return rows.rows[0] ? toJobRecord(rows.rows[0]) : null;
   }
 

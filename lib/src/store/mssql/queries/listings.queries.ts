@@ -10,6 +10,17 @@ export function getJob(t: MssqlTables): string {
   return `${MSSQL_STORE_SESSION}SELECT ${JOB_COLUMNS} FROM ${jobs} WHERE [Id] = @id;`;
 }
 
+// @id. getJob with a locking read, also where READ_COMMITTED_SNAPSHOT is on: it waits for a
+// transaction still holding the row (a handler's commit whose reply was lost) to end, instead of
+// reading the version from before it: the READCOMMITTEDLOCK table hint makes the read take shared
+// locks as READ COMMITTED does with READ_COMMITTED_SNAPSHOT OFF, instead of row versioning
+// (https://learn.microsoft.com/sql/t-sql/queries/hints-transact-sql-table). Live test: the
+// handler-transaction contract's readBack case.
+export function getJobAfterWriters(t: MssqlTables): string {
+  const { jobs } = t;
+  return `${MSSQL_STORE_SESSION}SELECT ${JOB_COLUMNS} FROM ${jobs} WITH (READCOMMITTEDLOCK) WHERE [Id] = @id;`;
+}
+
 export function getAttempts(t: MssqlTables): string {
   const { jobs, attempts } = t;
   return `${MSSQL_STORE_SESSION}SELECT [Attempt], [Outcome], [Error], [Stack], [WorkerId], [StartedAt], [FinishedAt]

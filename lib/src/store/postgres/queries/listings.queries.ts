@@ -7,6 +7,13 @@ export function getJob(t: PgTables): string {
   return `SELECT ${JOB_COLUMNS} FROM ${jobs} WHERE id = $1`;
 }
 
+// $1 id. getJob with a locking read: it waits for a transaction still holding the row (a
+// handler's commit whose reply was lost) to end, then reads the row as that left it (under READ
+// COMMITTED, FOR SHARE follows an update that committed meanwhile), not the snapshot from before.
+export function getJobAfterWriters(t: PgTables): string {
+  return `${getJob(t)} FOR SHARE`;
+}
+
 export function getAttempts(t: PgTables): string {
   const { jobs, attempts } = t;
   return `SELECT attempt, outcome, error, stack, worker_id, started_at, finished_at
