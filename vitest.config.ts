@@ -31,6 +31,9 @@ export default defineConfig({
     testTimeout: 60_000,
     hookTimeout: 60_000,
     pool: 'forks',
+    // Two files at a time on 2 cores (Vitest's default there is one): most integration files wait
+    // on databases, timers and child processes rather than on the CPU.
+    maxWorkers: 2,
     sequence: { hooks: 'stack' },
   },
 });

@@ -20,6 +20,7 @@ import { growthCase } from './cases/growth.js';
 import { idleCase } from './cases/idle.js';
 import { latencyCase } from './cases/latency.js';
 import { transactionalCase } from './cases/transactional.js';
+import { sqlEnqueueCase } from './cases/sql-enqueue.js';
 
 const args = process.argv.slice(2);
 const quick = args.includes('--quick');
@@ -44,6 +45,7 @@ const cases: [string, () => Promise<Result[]>][] = [
     : []),
   ['flow', () => flowCase(POSTGRES, scale)],
   ['transactional', () => transactionalCase(scale)],
+  ['sql-enqueue', () => sqlEnqueueCase(scale)],
   ['latency', () => latencyCase(PG_URL, quick ? 5 : 20)],
   ['growth', () => growthCase(PG_URL, quick ? 200_000 : 1_000_000, Math.round(20_000 * scale))],
   ['idle', () => idleCase(PG_URL, quick ? 10 : 30)],

@@ -29,6 +29,7 @@ export interface CliOutput {
 }
 
 export const USAGE = `Usage: ${BIN} sql --dialect <mssql|postgres> [--schema <name>] [--from <version>]
+           [--grants-for-enqueuers <principal>]
        ${BIN} sql --dialect mssql [--schema <name>] [--broker <name>]... [--broker-config <file.json>]
            [--broker-only] [--grants-for-readers <principal>] [--grants-for-senders <principal>]
            [--grants-for-admin <principal>]
@@ -46,6 +47,9 @@ Options:
   --schema <name>     database schema holding the queue tables (default: ${DEFAULT_SCHEMA})
   --from <version>    schema version the database is at now; only later migrations are
                       printed (default: 0, a fresh install)
+  --grants-for-enqueuers <principal>
+                      also print the GRANTs that let this role (or user) enqueue from SQL
+                      through the installed function or procedure, and do nothing else
   -h, --help          show this help
 
 Service Broker (--dialect mssql only):
@@ -63,12 +67,15 @@ Examples:
   ${BIN} sql --dialect mssql --schema ${DEFAULT_SCHEMA} > install.sql
   sqlcmd -S myserver -d mydb -I -b -i install.sql
   ${BIN} sql --dialect mssql --broker-only --broker orders --grants-for-readers app_worker > broker.sql
+  ${BIN} sql --dialect postgres --grants-for-enqueuers order_triggers | psql -v ON_ERROR_STOP=1 -d mydb
 `;
 
 interface SqlCommand {
   dialect: CliDialect;
   schema: string;
   from: number;
+  /** --grants-for-enqueuers: a principal allowed to call the SQL enqueue only. */
+  enqueuers: string | null;
   broker: BrokerCommand | null;
 }
 
@@ -89,6 +96,7 @@ const VALUE_OPTIONS = [
   'grants-for-readers',
   'grants-for-senders',
   'grants-for-admin',
+  'grants-for-enqueuers',
 ];
 const FLAG_OPTIONS = ['broker-only'];
 
@@ -110,6 +118,7 @@ export async function runCli(argv: readonly string[], out: CliOutput): Promise<n
       );
     }
     text = command.broker?.only ? '' : script.install(command.schema, command.from);
+    if (command.enqueuers !== null) text += script.enqueueGrants(command.schema, command.enqueuers);
     if (command.broker) text += await brokerScripts(command.schema, command.broker);
   } catch (error) {
     if (error instanceof CliUsageError || error instanceof SqlQueueConfigError) {
@@ -171,7 +180,13 @@ function parseArguments(argv: readonly string[]): SqlCommand {
   if (!/^\d+$/.test(fromText) || !Number.isSafeInteger(Number(fromText))) {
     throw new CliUsageError(`--from must be a schema version, a whole number from 0 up, got '${fromText}'`);
   }
-  return { dialect, schema, from: Number(fromText), broker: parseBroker(dialect, options, brokers, flags) };
+  return {
+    dialect,
+    schema,
+    from: Number(fromText),
+    enqueuers: options.get('grants-for-enqueuers') ?? null,
+    broker: parseBroker(dialect, options, brokers, flags),
+  };
 }
 
 function parseBroker(
@@ -246,15 +261,16 @@ function isDialect(value: string): value is CliDialect {
 interface DialectScripts {
   latest: number;
   install: (schema: string, fromVersion: number) => string;
+  enqueueGrants: (schema: string, principal: string) => string;
 }
 
 async function loadScripts(dialect: CliDialect): Promise<DialectScripts> {
   if (dialect === 'postgres') {
     const m = await import('./store/postgres/postgres.migrations.js');
-    return { latest: m.PG_LATEST_VERSION, install: m.pgInstallScript };
+    return { latest: m.PG_LATEST_VERSION, install: m.pgInstallScript, enqueueGrants: m.pgEnqueueGrantsScript };
   }
   const m = await import('./store/mssql/mssql.migrations.js');
-  return { latest: m.MSSQL_LATEST_VERSION, install: m.mssqlInstallScript };
+  return { latest: m.MSSQL_LATEST_VERSION, install: m.mssqlInstallScript, enqueueGrants: m.mssqlEnqueueGrantsScript };
 }
 
 /**

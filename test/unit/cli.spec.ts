@@ -29,6 +29,43 @@ async function expectUsageError(argv: string[], message: string | RegExp): Promi
 }
 
 describe('nestjs-sql-queue sql', () => {
+  it('--grants-for-enqueuers prints, after the install script, the grants to call the SQL enqueue only', async () => {
+    const pgScript = await cli(
+      'sql',
+      '--dialect',
+      'postgres',
+      '--schema',
+      'demo',
+      '--grants-for-enqueuers',
+      'order_triggers',
+    );
+    expect(pgScript.code).toBe(0);
+    expect(pgScript.stdout.startsWith(pgInstallScript('demo', 0))).toBe(true);
+    expect(pgScript.stdout.slice(pgInstallScript('demo', 0).length)).toBe(
+      `-- Lets "order_triggers" call "demo".enqueue(...) and nothing else (no table rights).
+GRANT USAGE ON SCHEMA "demo" TO "order_triggers";
+GRANT EXECUTE ON FUNCTION "demo".enqueue(text, jsonb, text, text, bigint, integer, integer, timestamptz, text) TO "order_triggers";
+`,
+    );
+    const mssqlScript = await cli(
+      'sql',
+      '--dialect',
+      'mssql',
+      '--schema',
+      'demo',
+      '--from',
+      String(MSSQL_LATEST_VERSION),
+      '--grants-for-enqueuers',
+      'CORP\\svc orders',
+    );
+    expect(mssqlScript.code).toBe(0);
+    expect(mssqlScript.stdout).toContain('GRANT EXECUTE ON OBJECT::[demo].[Enqueue] TO [CORP\\svc orders];\nGO\n');
+    await expectUsageError(
+      ['sql', '--dialect', 'postgres', '--grants-for-enqueuers', 'x";drop'],
+      /the database principal for enqueuers 'x";drop' is invalid/,
+    );
+  });
+
   it('prints the PostgreSQL install script for the schema, ending with the version row', async () => {
     const { code, stdout, stderr } = await cli('sql', '--dialect', 'postgres', '--schema', 'demo');
     expect(code).toBe(0);
@@ -66,8 +103,8 @@ describe('nestjs-sql-queue sql', () => {
   });
 
   it('--from the latest version prints no migration but a valid, repeatable script', async () => {
-    expect(PG_LATEST_VERSION).toBe(11);
-    expect(MSSQL_LATEST_VERSION).toBe(15);
+    expect(PG_LATEST_VERSION).toBe(12);
+    expect(MSSQL_LATEST_VERSION).toBe(16);
     const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', String(PG_LATEST_VERSION));
     expect(pg.code).toBe(0);
     expect(pg.stdout).toBe(pgInstallScript('demo', PG_LATEST_VERSION));

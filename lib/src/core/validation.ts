@@ -1,11 +1,21 @@
 import { SqlQueueConfigError, SqlQueueValidationError } from './errors.js';
 import type { QueueSetting } from './types.js';
 
-const QUEUE_NAME = /^[A-Za-z0-9._-]{1,128}$/;
+/** Queue names: what both dialects' identifiers and the SQL enqueue function accept alike. */
+export const QUEUE_NAME_PATTERN = '^[A-Za-z0-9._-]{1,128}$';
+const QUEUE_NAME = new RegExp(QUEUE_NAME_PATTERN);
 // Lowest common denominator of PostgreSQL (63 bytes) and SQL Server identifiers, ASCII only,
 // so the same name is valid, unambiguous and safe to quote in both dialects.
 const SCHEMA_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/;
-const KEY_MAX_LENGTH = 255;
+export const KEY_MAX_LENGTH = 255;
+/**
+ * The characters JavaScript's \s matches (a key may not end with one): spelt out for the SQL
+ * enqueue function and procedure, which refuse the same keys.
+ */
+export const WHITESPACE_CODE_POINTS: readonly number[] = [
+  0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x20, 0xa0, 0x1680, 0x2000, 0x2001, 0x2002, 0x2003, 0x2004, 0x2005, 0x2006, 0x2007,
+  0x2008, 0x2009, 0x200a, 0x2028, 0x2029, 0x202f, 0x205f, 0x3000, 0xfeff,
+];
 export const DAY_MS = 86_400_000;
 /** Longest age a retention or purge takes (ten years): 'now - age' stays a computable timestamp. */
 export const MAX_AGE_MS = 3650 * DAY_MS;
@@ -195,4 +205,19 @@ export function describe(value: unknown): string {
   if (typeof value === 'bigint') return `${value}n`;
   if (value === null || typeof value !== 'object') return String(value);
   return Array.isArray(value) ? 'an array' : 'an object';
+}
+
+const PRINCIPAL = /^[A-Za-z0-9_.@\\ -]{1,128}$/;
+
+/**
+ * A database principal a grants script names (a user, a role, `DOMAIN\\user`): letters, digits,
+ * '_', '.', '@', '\\', '-' and inner spaces, 1 to 128 characters; quoted by the dialect after.
+ */
+export function assertPrincipalName(role: string, value: unknown): string {
+  if (typeof value !== 'string' || !PRINCIPAL.test(value) || value.trim() !== value) {
+    throw new SqlQueueConfigError(
+      `the database principal for ${role} ${describe(value)} is invalid: use letters, digits, '_', '.', '@', '\\', '-' or inner spaces (1 to 128 characters)`,
+    );
+  }
+  return value;
 }

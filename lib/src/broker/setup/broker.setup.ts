@@ -1,6 +1,5 @@
 import { brokerSetupQueues } from '../broker.options.js';
-import { SqlQueueConfigError } from '../../core/errors.js';
-import { describe } from '../../core/validation.js';
+import { assertPrincipalName } from '../../core/validation.js';
 import { quoteMssqlIdentifier } from '../../store/mssql/mssql.identifiers.js';
 import {
   mssqlMigrationLock,
@@ -287,15 +286,8 @@ export interface BrokerGrantees {
   admin?: string;
 }
 
-const PRINCIPAL = /^[A-Za-z0-9_.@\\ -]{1,128}$/;
-
 function assertPrincipal(role: string, value: unknown): string {
-  if (typeof value !== 'string' || !PRINCIPAL.test(value) || value.trim() !== value) {
-    throw new SqlQueueConfigError(
-      `the database principal for ${role} ${describe(value)} is invalid: use letters, digits, '_', '.', '@', '\\', '-' or inner spaces (1 to 128 characters)`,
-    );
-  }
-  return quoteMssqlIdentifier(value);
+  return quoteMssqlIdentifier(assertPrincipalName(role, value));
 }
 
 /**

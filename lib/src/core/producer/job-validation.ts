@@ -5,7 +5,7 @@ import { assertInteger, assertKeyText, assertQueueName, DAY_MS, MAX_ATTEMPTS_LIM
 
 // A caller's payload and options turned into a store-ready job, or refused before any SQL runs.
 
-const MAX_DELAY_MS = 50 * 365 * DAY_MS;
+export const MAX_DELAY_MS = 50 * 365 * DAY_MS;
 
 /** Every option an enqueued job takes; a compile error reminds whoever adds one to EnqueueOptions. */
 const ENQUEUE_OPTIONS: Record<keyof EnqueueOptions, true> = {

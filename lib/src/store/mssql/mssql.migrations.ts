@@ -1,5 +1,7 @@
 import { quoteMssqlIdentifier } from './mssql.identifiers.js';
 import { MSSQL_TABLE_TYPES } from './mssql.queries.js';
+import { assertPrincipalName } from '../../core/validation.js';
+import { mssqlEnqueueProcedure, mssqlEnqueueProcedureName } from './queries/enqueue-procedure.queries.js';
 
 export interface MssqlMigration {
   version: number;
@@ -696,6 +698,16 @@ END;`,
       ];
     },
   },
+  {
+    version: 16,
+    description: 'enqueue from T-SQL',
+    // Issue 25: [<schema>].[Enqueue], producer.enqueue for triggers, procedures and SQL Agent jobs
+    // (queries/enqueue-procedure.queries.ts). Built from the store's grouped enqueue as it is at
+    // this release: a test pins this version's text, so a later change to that statement freezes
+    // this text here and alters the procedure in a new version. Callable by its owner; others
+    // need GRANT EXECUTE (the CLI prints it: --grants-for-enqueuers).
+    batches: (schema) => [mssqlEnqueueProcedure(schema)],
+  },
 ];
 
 export const MSSQL_LATEST_VERSION = MSSQL_MIGRATIONS[MSSQL_MIGRATIONS.length - 1]!.version;
@@ -776,12 +788,16 @@ DECLARE @statement nvarchar(max);
 WHILE 1 = 1
 BEGIN
   SET @statement = NULL;
-  SELECT TOP (1) @statement = N'DROP TABLE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(t.name) + N';'
-  FROM sys.tables AS t
-  WHERE t.schema_id = SCHEMA_ID(@schema)
-  ORDER BY CASE WHEN EXISTS (
-    SELECT 1 FROM sys.foreign_keys AS fk WHERE fk.referenced_object_id = t.object_id AND fk.parent_object_id <> t.object_id
-  ) THEN 1 ELSE 0 END, t.name;
+  -- Procedures first: the Enqueue procedure references a table type of the schema.
+  SELECT TOP (1) @statement = N'DROP PROCEDURE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(name) + N';'
+  FROM sys.procedures WHERE schema_id = SCHEMA_ID(@schema) ORDER BY name;
+  IF @statement IS NULL
+    SELECT TOP (1) @statement = N'DROP TABLE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(t.name) + N';'
+    FROM sys.tables AS t
+    WHERE t.schema_id = SCHEMA_ID(@schema)
+    ORDER BY CASE WHEN EXISTS (
+      SELECT 1 FROM sys.foreign_keys AS fk WHERE fk.referenced_object_id = t.object_id AND fk.parent_object_id <> t.object_id
+    ) THEN 1 ELSE 0 END, t.name;
   IF @statement IS NULL
     SELECT TOP (1) @statement = N'DROP SEQUENCE ' + QUOTENAME(@schema) + N'.' + QUOTENAME(name) + N';'
     FROM sys.sequences WHERE schema_id = SCHEMA_ID(@schema) ORDER BY name;
@@ -843,4 +859,16 @@ export function mssqlInstallScript(schema: string, fromVersion = 0): string {
   }
   out.push('COMMIT TRANSACTION;', 'GO', 'SET NOEXEC OFF;', 'GO');
   return `${out.join('\n')}\n`;
+}
+
+/**
+ * What a principal needs to call [<schema>].[Enqueue] and nothing else: EXECUTE on the procedure,
+ * which runs AS OWNER (no table, sequence or type rights). Safe to run again.
+ */
+export function mssqlEnqueueGrantsScript(schema: string, principal: string): string {
+  const grantee = quoteMssqlIdentifier(assertPrincipalName('enqueuers', principal));
+  return `-- Lets ${grantee} call ${mssqlEnqueueProcedureName(schema)} and nothing else (no table rights).
+GRANT EXECUTE ON OBJECT::${mssqlEnqueueProcedureName(schema)} TO ${grantee};
+GO
+`;
 }

@@ -1,4 +1,7 @@
+import { assertPrincipalName } from '../../core/validation.js';
 import { quotePgIdentifier } from './postgres.identifiers.js';
+import { pgEnqueueFunction, pgEnqueueSignature } from './queries/enqueue-function.queries.js';
+import { pgTables } from './queries/tables.js';
 
 export interface PgMigration {
   version: number;
@@ -305,6 +308,19 @@ ORDER BY queue, group_key, id`,
       ];
     },
   },
+  {
+    version: 12,
+    description: 'enqueue from SQL',
+    // Issue 25: <schema>.enqueue(...), producer.enqueue for triggers, procedures and scripts
+    // (queries/enqueue-function.queries.ts). Built from the store's enqueue statements as they are
+    // at this release: a test pins this version's text, so a later change to those statements
+    // freezes this text here and replaces the function in a new version. EXECUTE is revoked from
+    // PUBLIC (a SECURITY DEFINER function is callable by everyone by default): granted per role.
+    statements: (schema) => [
+      pgEnqueueFunction(pgTables(schema)),
+      `REVOKE ALL ON FUNCTION ${pgEnqueueSignature(schema)} FROM PUBLIC`,
+    ],
+  },
 ];
 
 export const PG_LATEST_VERSION = PG_MIGRATIONS[PG_MIGRATIONS.length - 1]!.version;
@@ -347,4 +363,16 @@ export function pgInstallScript(schema: string, fromVersion = 0): string {
   }
   lines.push('COMMIT;');
   return `${lines.join('\n')}\n`;
+}
+
+/**
+ * What a role needs to call <schema>.enqueue and nothing else (the function is SECURITY DEFINER):
+ * USAGE on the schema, to name the function, and EXECUTE on it. Safe to run again.
+ */
+export function pgEnqueueGrantsScript(schema: string, principal: string): string {
+  const role = quotePgIdentifier(assertPrincipalName('enqueuers', principal));
+  return `-- Lets ${role} call ${quotePgIdentifier(schema)}.enqueue(...) and nothing else (no table rights).
+GRANT USAGE ON SCHEMA ${quotePgIdentifier(schema)} TO ${role};
+GRANT EXECUTE ON FUNCTION ${pgEnqueueSignature(schema)} TO ${role};
+`;
 }

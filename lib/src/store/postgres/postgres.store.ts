@@ -1,4 +1,3 @@
-import { createHash } from 'node:crypto';
 import { SqlQueueValidationError } from '../../core/errors.js';
 import {
   checkJobListRequest,
@@ -70,6 +69,7 @@ import { asCallerTransaction, endingClient, type PgDriver, type PgQueryable } fr
 import { isPgRefusal, isTransientPgError } from './postgres.errors.js';
 import { PG_LATEST_VERSION, PG_MIGRATIONS, pgBootstrap, pgMigrationLockKey } from './postgres.migrations.js';
 import { pgQueries, type PgQueries } from './postgres.queries.js';
+import { pgSchemaDigest, pgWakeChannel } from './postgres.identifiers.js';
 import {
   type Columns,
   jobFields,
@@ -106,9 +106,6 @@ type SweepCursor = { queue: string; key: string } | null;
 
 type Row = Record<string, unknown>;
 
-/** PostgreSQL's identifier limit (NAMEDATALEN - 1); schema names are ASCII, so bytes = characters. */
-const PG_NAME_MAX_BYTES = 63;
-
 export class PostgresQueueStore implements QueueStore, ScheduleStore {
   readonly dialect = 'postgres';
 
@@ -141,12 +138,10 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
   ) {
     assertSchemaName(schema);
     this.sql = pgQueries(schema);
-    // PostgreSQL keeps 63 bytes of a name: long schema names would make statement names collide
-    // (node-postgres tracks the full name) and the channel too long, so both use a digest.
-    const digest = createHash('sha1').update(schema).digest('hex').slice(0, 16);
+    // PostgreSQL keeps 63 bytes of a name: statement names use a digest of the schema's.
+    const digest = pgSchemaDigest(schema);
     this.prepared = (name) => `sqlqueue_${digest}_${name}`;
-    // The readable form where it fits, as earlier versions named it.
-    this.channel = schema.length + '_wake'.length <= PG_NAME_MAX_BYTES ? `${schema}_wake` : `sqlqueue_${digest}_wake`;
+    this.channel = pgWakeChannel(schema);
   }
 
   async migrate(mode: MigrationMode): Promise<SchemaStatus> {

@@ -281,16 +281,36 @@ ${takeKeyLock('    ')}
   LEFT JOIN @keys AS k ON k.[Queue] = i.[Queue] AND k.[IdempotencyKey] = i.[IdempotencyKey]
   LEFT JOIN ${settings} AS q ON q.[Queue] = i.[Queue]
   WHERE i.[IdempotencyKey] IS NULL OR (k.[Ord] = i.[Ord] AND k.[ExistingId] IS NULL);${grouped ? joinGroupsMany : ''}`)}`;
+  // Each input row's job: the one inserted for it, the one its key found, or the one inserted for
+  // an earlier row of its key in the batch.
+  const answerId = `CASE WHEN n.[Id] IS NOT NULL THEN n.[Id] WHEN k.[ExistingId] IS NOT NULL THEN k.[ExistingId]
+                 ELSE @firstId + k.[Ord] END`;
+  const answerCreated = 'CASE WHEN n.[Id] IS NULL THEN 0 ELSE 1 END';
+  const answerFrom = `FROM @jobs AS i
+LEFT JOIN @inserted AS n ON n.[Id] = @firstId + i.[Ord]
+LEFT JOIN @keys AS k ON k.[Queue] = i.[Queue] AND k.[IdempotencyKey] = i.[IdempotencyKey]`;
   const enqueueMany = (grouped: boolean) => `${ENQUEUE_SESSION}${ENQUEUE_NOW}${enqueueManyBody(grouped)}
 SELECT i.[Ord],
-       CAST(CASE WHEN n.[Id] IS NOT NULL THEN n.[Id] WHEN k.[ExistingId] IS NOT NULL THEN k.[ExistingId]
-                 ELSE @firstId + k.[Ord] END AS varchar(20)) AS [Id],
-       CAST(CASE WHEN n.[Id] IS NULL THEN 0 ELSE 1 END AS bit) AS [Created]
-FROM @jobs AS i
-LEFT JOIN @inserted AS n ON n.[Id] = @firstId + i.[Ord]
-LEFT JOIN @keys AS k ON k.[Queue] = i.[Queue] AND k.[IdempotencyKey] = i.[IdempotencyKey]
+       CAST(${answerId} AS varchar(20)) AS [Id],
+       CAST(${answerCreated} AS bit) AS [Created]
+${answerFrom}
 ORDER BY i.[Ord];`;
-  return { enqueueOne, enqueueMany, enqueueManyBody };
+  // The Enqueue procedure's work on its one-row @jobs (see mssqlEnqueueProcedureBody).
+  const enqueueOneRow = `${ENQUEUE_SESSION}${ENQUEUE_NOW}${enqueueManyBody(true)}
+SELECT @JobId = ${answerId},
+       @Created = ${answerCreated}
+${answerFrom};`;
+  return { enqueueOne, enqueueMany, enqueueManyBody, enqueueOneRow };
+}
+
+/**
+ * The Enqueue procedure's enqueue (queries/enqueue-procedure.queries.ts), after its checks: the
+ * grouped enqueueMany on the one row of table variable @jobs (JobInputListV4, Ord 0), joining the
+ * caller's transaction when there is one (@inTransaction, which the procedure declares) and else
+ * in one of its own, into its OUTPUT parameters @JobId and @Created.
+ */
+export function mssqlEnqueueProcedureBody(schema: string): string {
+  return enqueueStatements(schema).enqueueOneRow;
 }
 
 /**
