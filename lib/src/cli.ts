@@ -29,7 +29,7 @@ export interface CliOutput {
 }
 
 export const USAGE = `Usage: ${BIN} sql --dialect <mssql|postgres> [--schema <name>] [--from <version>]
-           [--grants-for-enqueuers <principal>]
+           [--grants-for-enqueuers <principal>] [--grants-for-scalers <principal>]
        ${BIN} sql --dialect mssql [--schema <name>] [--broker <name>]... [--broker-config <file.json>]
            [--broker-only] [--grants-for-readers <principal>] [--grants-for-senders <principal>]
            [--grants-for-admin <principal>]
@@ -50,6 +50,9 @@ Options:
   --grants-for-enqueuers <principal>
                       also print the GRANTs that let this role (or user) enqueue from SQL
                       through the installed function or procedure, and do nothing else
+  --grants-for-scalers <principal>
+                      also print the GRANTs that let an autoscaler's login (KEDA) read the
+                      scale recommendation, and do nothing else
   -h, --help          show this help
 
 Service Broker (--dialect mssql only):
@@ -76,6 +79,8 @@ interface SqlCommand {
   from: number;
   /** --grants-for-enqueuers: a principal allowed to call the SQL enqueue only. */
   enqueuers: string | null;
+  /** --grants-for-scalers: a principal allowed to read the scale recommendation only. */
+  scalers: string | null;
   broker: BrokerCommand | null;
 }
 
@@ -97,6 +102,7 @@ const VALUE_OPTIONS = [
   'grants-for-senders',
   'grants-for-admin',
   'grants-for-enqueuers',
+  'grants-for-scalers',
 ];
 const FLAG_OPTIONS = ['broker-only'];
 
@@ -119,6 +125,7 @@ export async function runCli(argv: readonly string[], out: CliOutput): Promise<n
     }
     text = command.broker?.only ? '' : script.install(command.schema, command.from);
     if (command.enqueuers !== null) text += script.enqueueGrants(command.schema, command.enqueuers);
+    if (command.scalers !== null) text += script.scalerGrants(command.schema, command.scalers);
     if (command.broker) text += await brokerScripts(command.schema, command.broker);
   } catch (error) {
     if (error instanceof CliUsageError || error instanceof SqlQueueConfigError) {
@@ -185,6 +192,7 @@ function parseArguments(argv: readonly string[]): SqlCommand {
     schema,
     from: Number(fromText),
     enqueuers: options.get('grants-for-enqueuers') ?? null,
+    scalers: options.get('grants-for-scalers') ?? null,
     broker: parseBroker(dialect, options, brokers, flags),
   };
 }
@@ -262,15 +270,26 @@ interface DialectScripts {
   latest: number;
   install: (schema: string, fromVersion: number) => string;
   enqueueGrants: (schema: string, principal: string) => string;
+  scalerGrants: (schema: string, principal: string) => string;
 }
 
 async function loadScripts(dialect: CliDialect): Promise<DialectScripts> {
   if (dialect === 'postgres') {
     const m = await import('./store/postgres/postgres.migrations.js');
-    return { latest: m.PG_LATEST_VERSION, install: m.pgInstallScript, enqueueGrants: m.pgEnqueueGrantsScript };
+    return {
+      latest: m.PG_LATEST_VERSION,
+      install: m.pgInstallScript,
+      enqueueGrants: m.pgEnqueueGrantsScript,
+      scalerGrants: m.pgScalerGrantsScript,
+    };
   }
   const m = await import('./store/mssql/mssql.migrations.js');
-  return { latest: m.MSSQL_LATEST_VERSION, install: m.mssqlInstallScript, enqueueGrants: m.mssqlEnqueueGrantsScript };
+  return {
+    latest: m.MSSQL_LATEST_VERSION,
+    install: m.mssqlInstallScript,
+    enqueueGrants: m.mssqlEnqueueGrantsScript,
+    scalerGrants: m.mssqlScalerGrantsScript,
+  };
 }
 
 /**

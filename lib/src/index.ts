@@ -35,7 +35,17 @@ export type {
   SqlQueueBrokerReading,
   SqlQueueScheduleReading,
   SqlQueueScheduleTicks,
+  SqlQueueScaleFigures,
+  SqlQueueScaleReading,
 } from './nest/sql-queue.metrics.js';
+export {
+  DEFAULT_SCALE_POLICY,
+  desiredReaders,
+  desiredWorkers,
+  ScaleRecommender,
+  type ScaleInputs,
+  type ScalePolicy,
+} from './core/scaling/index.js';
 export { DEFAULT_LATENCY_BUCKETS_SECONDS } from './core/metrics/index.js';
 export { MAX_PROGRESS_BYTES, MAX_RESULT_BYTES } from './core/types.js';
 export type {

@@ -60,6 +60,28 @@ GRANT EXECUTE ON FUNCTION "demo".enqueue(text, jsonb, text, text, bigint, intege
     );
     expect(mssqlScript.code).toBe(0);
     expect(mssqlScript.stdout).toContain('GRANT EXECUTE ON OBJECT::[demo].[Enqueue] TO [CORP\\svc orders];\nGO\n');
+    const scalers = await cli(
+      'sql',
+      '--dialect',
+      'mssql',
+      '--from',
+      String(MSSQL_LATEST_VERSION),
+      '--grants-for-scalers',
+      'keda',
+    );
+    expect(scalers.stdout).toContain('GRANT EXECUTE ON OBJECT::[sqlqueue].[DesiredReaders] TO [keda];\nGO\n');
+    const pgScalers = await cli(
+      'sql',
+      '--dialect',
+      'postgres',
+      '--from',
+      String(PG_LATEST_VERSION),
+      '--grants-for-scalers',
+      'keda',
+    );
+    expect(pgScalers.stdout).toContain(
+      'GRANT EXECUTE ON FUNCTION "sqlqueue".desired_readers(text, integer, integer) TO "keda";\n',
+    );
     await expectUsageError(
       ['sql', '--dialect', 'postgres', '--grants-for-enqueuers', 'x";drop'],
       /the database principal for enqueuers 'x";drop' is invalid/,
@@ -103,8 +125,8 @@ GRANT EXECUTE ON FUNCTION "demo".enqueue(text, jsonb, text, text, bigint, intege
   });
 
   it('--from the latest version prints no migration but a valid, repeatable script', async () => {
-    expect(PG_LATEST_VERSION).toBe(12);
-    expect(MSSQL_LATEST_VERSION).toBe(16);
+    expect(PG_LATEST_VERSION).toBe(13);
+    expect(MSSQL_LATEST_VERSION).toBe(17);
     const pg = await cli('sql', '--dialect', 'postgres', '--schema', 'demo', '--from', String(PG_LATEST_VERSION));
     expect(pg.code).toBe(0);
     expect(pg.stdout).toBe(pgInstallScript('demo', PG_LATEST_VERSION));

@@ -15,6 +15,7 @@ function queue(overrides: Partial<QueueConsumerSnapshot>): QueueConsumerSnapshot
     claimFailing: false,
     stopping: false,
     maxPollMs: 2_000,
+    maxReaders: 5,
     ...overrides,
   };
 }

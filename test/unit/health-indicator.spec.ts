@@ -61,6 +61,7 @@ function reader(overrides: Partial<QueueConsumerSnapshot> = {}): QueueConsumerSn
     claimFailing: false,
     stopping: false,
     maxPollMs: 2_000,
+    maxReaders: 5,
     ...overrides,
   };
 }

@@ -590,18 +590,18 @@ describe('MssqlQueueStore throughput', () => {
   it('sends one statement with one row per queue, counts summed, all-zero queues left out', async () => {
     const { store, sent } = scriptedStore(() => []);
     await store.recordThroughput([
-      { queue: 'b', completed: 1, failed: 0, dead: 0 },
+      { queue: 'b', completed: 1, failed: 0, dead: 0, busyMs: 40 },
       { queue: 'a', completed: 2, failed: 1, dead: 0 },
-      { queue: 'b', completed: 3, failed: 0, dead: 2 },
+      { queue: 'b', completed: 3, failed: 0, dead: 2, busyMs: 60 },
       { queue: 'idle', completed: 0, failed: 0, dead: 0 },
     ]);
     expect(sent.map((s) => s.name)).toEqual(['recordThroughput']);
     const table = sent[0]!.inputs.counts as sql.Table;
-    expect(table.path).toBe('[sqlqueue].[ThroughputCountList]');
-    expect(table.columns.map((c) => c.name)).toEqual(['Queue', 'Completed', 'Failed', 'Dead']);
+    expect(table.path).toBe('[sqlqueue].[ThroughputCountListV2]');
+    expect(table.columns.map((c) => c.name)).toEqual(['Queue', 'Completed', 'Failed', 'Dead', 'BusyMs']);
     expect(table.rows).toEqual([
-      ['b', 4, 0, 2],
-      ['a', 2, 1, 0],
+      ['b', 4, 0, 2, 100],
+      ['a', 2, 1, 0, 0],
     ]);
   });
 
@@ -707,15 +707,16 @@ function boundColumns(table: sql.Table): string[] {
 }
 
 describe('the table-valued parameters of the dashboard statements match their types', () => {
-  it('recordThroughput binds ThroughputCountList column for column: name, type, length, nullability', async () => {
+  it('recordThroughput binds ThroughputCountListV2 column for column: name, type, length, nullability', async () => {
     const { store, sent } = scriptedStore(() => []);
     await store.recordThroughput([{ queue: 'mail', completed: 1, failed: 2, dead: 3 }]);
-    const columns = typeColumns('ThroughputCountList');
+    const columns = typeColumns('ThroughputCountListV2');
     expect(columns).toEqual([
       '[Queue] nvarchar (128) not null',
       '[Completed] bigint not null',
       '[Failed] bigint not null',
       '[Dead] bigint not null',
+      '[BusyMs] bigint not null',
     ]);
     expect(boundColumns(sent[0]!.inputs.counts as sql.Table)).toEqual(columns);
   });

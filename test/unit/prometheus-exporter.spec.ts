@@ -51,6 +51,32 @@ function setup(options: { registry?: Registry; reading?: () => QueueHealthReadin
     ],
     addListener: (listener: QueueEventListener) => listeners.push(listener),
     scheduleTickCounts: () => [{ id: 'report.daily', queue: 'mail.out-1', fired: 3, skipped: 2 }],
+    readScale: async () => ({
+      ok: true,
+      readAt: Date.now(),
+      durationMs: 2,
+      error: null,
+      queues: [
+        {
+          queue: 'mail.out-1',
+          inputs: {
+            claimable: 600,
+            running: 4,
+            completedInWindow: 1_200,
+            busyMsInWindow: 480_000,
+            windowMs: 300_000,
+            paused: false,
+            globalConcurrency: null,
+            rateMax: null,
+            ratePerMs: null,
+          },
+          desiredReaders: 14,
+          recommendedReaders: 23,
+          maxReaders: 10,
+          desiredWorkers: 3,
+        },
+      ],
+    }),
     readSchedules: async (): Promise<SqlQueueScheduleReading> => ({
       ok: true,
       error: null,
@@ -124,6 +150,10 @@ describe('SqlQueuePrometheusExporter', () => {
     // A paused schedule has no next fire time to report, and one that never fired no last.
     expect(sampleValue(m, 'sqlqueue_schedule_next_fire_timestamp_seconds', { schedule: 'paused.one' })).toBeUndefined();
     expect(sampleValue(m, 'sqlqueue_schedule_last_fire_timestamp_seconds', { schedule: 'paused.one' })).toBeUndefined();
+    expect(sampleValue(m, 'sqlqueue_scale_up')).toBe(1);
+    // The stabilized recommendation, and pods from it at the queue's maxReaders.
+    expect(sampleValue(m, 'sqlqueue_desired_readers', q)).toBe(23);
+    expect(sampleValue(m, 'sqlqueue_desired_workers', q)).toBe(3);
     expect(sampleValue(m, 'sqlqueue_jobs', { ...q, state: 'dead' })).toBe(4);
     expect(sampleValue(m, 'sqlqueue_oldest_ready_age_seconds', q)).toBe(90);
     expect(sampleValue(m, 'sqlqueue_expired_leases', q)).toBe(1);

@@ -34,6 +34,23 @@ describe('the SQL enqueue definitions', () => {
     ).toBe('70329957a30afb53ec0c41ab342bdf3cd94aab0b27f5fff2299fa3079f745a30');
   });
 
+  it('PostgreSQL version 13 and SQL Server version 17 (the scale recommendation) are released and never edited', () => {
+    expect(
+      sha(
+        PG_MIGRATIONS.find((m) => m.version === 13)!
+          .statements('sqlqueue')
+          .join('\n'),
+      ),
+    ).toBe('d885c1a3c82d28284846391fb3559e0c940583557b640326a1888786385712eb');
+    expect(
+      sha(
+        MSSQL_MIGRATIONS.find((m) => m.version === 17)!
+          .batches('sqlqueue')
+          .join('\n'),
+      ),
+    ).toBe('8544d64d8f0b6b30f59a29fd88929101524208ae9eaa6cfb53f980c51353796c');
+  });
+
   it("the procedure's parameters are none of the variables of the enqueue it embeds (names compare without case)", () => {
     const text = mssqlEnqueueProcedure('sqlqueue');
     const header = text.slice(0, text.indexOf('WITH EXECUTE AS OWNER'));

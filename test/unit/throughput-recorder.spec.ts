@@ -41,7 +41,7 @@ function setup() {
 describe('ThroughputRecorder', () => {
   it('sends one statement per interval for every queue, counting completions, retries and deaths apart', async () => {
     const { clock, store, recorder } = setup();
-    for (let i = 0; i < 3; i++) recorder.completed({ queue: 'emails' });
+    for (let i = 0; i < 3; i++) recorder.completed({ queue: 'emails', claimToDoneMs: 120.4 });
     recorder.failed({ queue: 'emails', dead: false });
     recorder.failed({ queue: 'reports', dead: true });
     recorder.reaped([
@@ -53,8 +53,9 @@ describe('ThroughputRecorder', () => {
     await clock.advance(1);
     expect(store.flushes).toEqual([
       [
-        { queue: 'emails', completed: 3, failed: 1, dead: 0 },
-        { queue: 'reports', completed: 0, failed: 1, dead: 2 },
+        // The handlers' time too, for the scale recommendation's run time.
+        { queue: 'emails', completed: 3, failed: 1, dead: 0, busyMs: 360 },
+        { queue: 'reports', completed: 0, failed: 1, dead: 2, busyMs: 0 },
       ],
     ]);
   });

@@ -30,6 +30,7 @@ import type {
   ThroughputCount,
   ThroughputReading,
 } from './types.js';
+import type { ScaleInputs } from './scaling/index.js';
 import type { ScheduleStore } from './schedules/index.js';
 
 export type Dialect = 'postgres' | 'mssql';
@@ -212,6 +213,13 @@ export interface QueueStore extends ScheduleStore {
    * producer's or claimer's open transaction (rows locked at that instant are not counted).
    */
   queueHealth(request: QueueHealthRequest): Promise<QueueHealth[]>;
+
+  /**
+   * What the queue's scale recommendation is computed from (core/scaling): claimable backlog,
+   * running jobs, recent completions, pause and flow limits, in one statement. The SQL function
+   * migrations install for KEDA computes the recommendation from the same statement.
+   */
+  scaleInputs?(queue: string): Promise<ScaleInputs>;
 
   getJob(id: JobId): Promise<JobRecord | null>;
 

@@ -510,6 +510,11 @@ export interface ThroughputCount {
   failed: number;
   /** Jobs that went dead (out of attempts, or unrecoverable). */
   dead: number;
+  /**
+   * Milliseconds the completed jobs took from claim to done (their handlers' run): with
+   * `completed`, the run time the scale recommendation sizes readers by. Absent: 0.
+   */
+  busyMs?: number;
 }
 
 /** One queue's outcomes in one minute (database clock), summed over every process. */

@@ -15,6 +15,8 @@ import {
 } from '../core/metrics/index.js';
 import type { QueueHealth } from '../core/types.js';
 import { assertQueueName } from '../core/validation.js';
+import { resolveQueueOptions } from '../core/options.js';
+import { desiredReaders, desiredWorkers, ScaleRecommender, type ScaleInputs } from '../core/scaling/index.js';
 import { SqlQueueConsumerHost } from './consumer.host.js';
 import { SQL_QUEUE_RUNTIME } from './sql-queue.tokens.js';
 import type { SqlQueueRuntime } from './sql-queue.runtime.js';
@@ -50,6 +52,54 @@ export interface SqlQueueMetricsSnapshot {
   repeatedFailures: number;
 }
 
+/** Scale inputs read at once by one scrape (one statement per queue). */
+const SCALE_READ_CONCURRENCY = 2;
+
+/** `work` over `items`, at most `limit` at a time, results in input order. */
+async function mapWithConcurrency<T, R>(
+  items: readonly T[],
+  limit: number,
+  work: (item: T) => Promise<R>,
+): Promise<R[]> {
+  const results: R[] = new Array(items.length);
+  let next = 0;
+  const lane = async () => {
+    while (next < items.length) {
+      const index = next++;
+      results[index] = await work(items[index]!);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, lane));
+  return results;
+}
+
+/** The scale recommendation of one queue (core/scaling), as the Prometheus gauges give it. */
+export interface SqlQueueScaleFigures {
+  queue: string;
+  /** What the database says now (every worker). */
+  inputs: ScaleInputs;
+  /** Readers the queue needs now, across every pod (what the SQL function for KEDA returns). */
+  desiredReaders: number;
+  /**
+   * desiredReaders as followed over time in this process: up at once, down only once the lower
+   * value has held for `metrics.scaling.scaleDownDelayMs` (as an HPA's scale-down stabilization).
+   */
+  recommendedReaders: number;
+  /** The queue's maxReaders in this process's configuration: what one pod runs. */
+  maxReaders: number;
+  /** Pods for recommendedReaders at maxReaders each (`sqlqueue_desired_workers`). */
+  desiredWorkers: number;
+}
+
+/** One reading of every known queue's scale recommendation. */
+export interface SqlQueueScaleReading {
+  ok: boolean;
+  readAt: number | null;
+  durationMs: number;
+  error: string | null;
+  queues: SqlQueueScaleFigures[];
+}
+
 /** The figures of one queue, for an endpoint such as `GET /queues/:name/stats`. */
 export interface SqlQueueQueueMetrics {
   queue: string;
@@ -83,6 +133,8 @@ export class SqlQueueMetrics {
   private readonly scheduleReading: SharedReading<SqlQueueScheduleReading>;
   /** Ticks fired and skipped by this process's scheduler, by schedule id. */
   private readonly scheduleTicks = new Map<string, SqlQueueScheduleTicks>();
+  private readonly scaleReading: SharedReading<SqlQueueScaleReading>;
+  private readonly recommenders = new Map<string, ScaleRecommender>();
 
   constructor(
     @Inject(SQL_QUEUE_RUNTIME) private readonly runtime: SqlQueueRuntime,
@@ -97,6 +149,7 @@ export class SqlQueueMetrics {
       (startedAt) => this.querySchedules(startedAt),
       runtime.options.metrics.cacheMs,
     );
+    this.scaleReading = new SharedReading((startedAt) => this.queryScale(startedAt), runtime.options.metrics.cacheMs);
     if (runtime.options.broker) runtime.addListener(this.brokerEvents);
     runtime.addListener({
       scheduleFired: (event) => {
@@ -196,6 +249,71 @@ export class SqlQueueMetrics {
       failureWindowMs: this.options.failureWindowMs,
       repeatedFailures: this.options.repeatedFailures,
     };
+  }
+
+  /**
+   * The scale recommendation of every queue with work in the database or known here (a queue
+   * with a backlog and no consumer recommends at least 1; an idle one 0). One statement per queue,
+   * the reading reused for `metrics.cacheMs` and bounded by `metrics.timeoutMs`; never throws (a
+   * failed reading has `ok: false` and the reason).
+   */
+  readScale(): Promise<SqlQueueScaleReading> {
+    return this.scaleReading.get();
+  }
+
+  private async queryScale(startedAt: number): Promise<SqlQueueScaleReading> {
+    const failed = (error: unknown): SqlQueueScaleReading => ({
+      ok: false,
+      readAt: null,
+      durationMs: Date.now() - startedAt,
+      error: error instanceof Error ? error.message : String(error),
+      queues: [],
+    });
+    const store = this.runtime.store;
+    if (!store.scaleInputs) return failed(new Error('this store cannot read scale inputs'));
+    const database = await this.readDatabase();
+    if (!database.ok) return failed(new Error(database.error ?? 'the database could not be read'));
+    const maxReadersHere = new Map(this.host.snapshot().queues.map((q) => [q.queue, q.maxReaders]));
+    try {
+      // Two statements at a time at most, so a scrape of many queues never takes the connections
+      // claims and completions need.
+      const queues = await withTimeout(
+        mapWithConcurrency(database.queues, SCALE_READ_CONCURRENCY, async ({ queue }) => {
+          const inputs = await store.scaleInputs!(queue);
+          const readers = desiredReaders(inputs, this.options.scaling);
+          let recommender = this.recommenders.get(queue);
+          if (!recommender) {
+            recommender = new ScaleRecommender(this.options.scaling.scaleDownDelayMs);
+            this.recommenders.set(queue, recommender);
+          }
+          const recommended = recommender.observe(Date.now(), readers);
+          const maxReaders = maxReadersHere.get(queue) ?? this.configuredMaxReaders(queue);
+          return {
+            queue,
+            inputs,
+            desiredReaders: readers,
+            recommendedReaders: recommended,
+            maxReaders,
+            desiredWorkers: desiredWorkers(recommended, maxReaders),
+          };
+        }),
+        this.options.timeoutMs,
+        'reading scale inputs',
+      );
+      return { ok: true, readAt: Date.now(), durationMs: Date.now() - startedAt, error: null, queues };
+    } catch (error) {
+      return failed(error);
+    }
+  }
+
+  /** maxReaders of a queue this process does not consume: its module options, else the default. */
+  private configuredMaxReaders(queue: string): number {
+    try {
+      return resolveQueueOptions(queue, { module: this.runtime.options.queues[queue] }, this.runtime.options.consumer)
+        .maxReaders;
+    } catch {
+      return resolveQueueOptions(queue, {}, this.runtime.options.consumer).maxReaders;
+    }
   }
 
   /** Whether the module declares Service Broker queues (the `broker` option). */

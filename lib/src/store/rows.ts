@@ -9,6 +9,7 @@ import type {
   QueueStats,
 } from '../core/types.js';
 import type { ScheduleRow, ScheduleSource } from '../core/schedules/index.js';
+import type { ScaleInputs } from '../core/scaling/index.js';
 
 /**
  * Between our records and a dialect's rows, in both directions. The two dialects return the same
@@ -62,6 +63,10 @@ const FIELDS = [
   'windowStarts',
   'keysAtLimit',
   'keys',
+  'claimable',
+  'completedInWindow',
+  'busyMsInWindow',
+  'windowMs',
 ] as const;
 
 /** A dialect's column name for each field a mapping reads, computed once per store. */
@@ -116,6 +121,22 @@ export function toFlowUsage(queue: string, row: Row | undefined, c: Columns): Fl
     windowStarts: count(row?.[c.windowStarts]),
     keysAtLimit: count(row?.[c.keysAtLimit]),
     keys: typeof keys === 'string' ? (JSON.parse(keys) as FlowKeyUsage[]) : ((keys as FlowKeyUsage[] | null) ?? []),
+  };
+}
+
+/** A queue's scale inputs (scaleInputs statements). */
+export function toScaleInputs(row: Row, c: Columns): ScaleInputs {
+  const count = (value: unknown) => (value === null || value === undefined ? null : Number(value));
+  return {
+    claimable: Number(row[c.claimable]),
+    running: Number(row[c.running]),
+    completedInWindow: Number(row[c.completedInWindow]),
+    busyMsInWindow: Number(row[c.busyMsInWindow]),
+    windowMs: Number(row[c.windowMs]),
+    paused: row[c.paused] === true || row[c.paused] === 1,
+    globalConcurrency: count(row[c.globalConcurrency]),
+    rateMax: count(row[c.rateMax]),
+    ratePerMs: count(row[c.ratePerMs]),
   };
 }
 

@@ -30,6 +30,8 @@ export interface QueueConsumerSnapshot {
   stopping: boolean;
   /** The queue's longest idle pause: a liveness check's yardstick for "no progress". */
   maxPollMs: number;
+  /** Most readers this process runs for the queue: pods follow from the scale recommendation with it. */
+  maxReaders: number;
 }
 
 /**
@@ -143,6 +145,7 @@ export class QueueConsumer {
       claimFailing: this.claims.failing,
       stopping: this.isStopping,
       maxPollMs: this.options.maxPollMs,
+      maxReaders: this.options.maxReaders,
     };
   }
 

@@ -2,6 +2,7 @@ import { SqlQueueConfigError } from '../errors.js';
 import type { QueueEventListener } from '../events.js';
 import type { QueueStore } from '../queue-store.js';
 import type { QueueHealth } from '../types.js';
+import { resolveScalePolicy, type ResolvedScalePolicy, type ScalePolicy } from '../scaling/index.js';
 import { withTimeout } from '../timeout.js';
 import { assertInteger, assertOptionGroup, DAY_MS } from '../validation.js';
 
@@ -29,6 +30,8 @@ export interface MetricsOptions {
   timeoutMs?: number;
   /** Upper bounds, in seconds, of the completion-latency histogram buckets. */
   latencyBucketsSeconds?: number[];
+  /** How the scale recommendation (`sqlqueue_desired_workers`) sizes a queue's readers. */
+  scaling?: ScalePolicy;
 }
 
 export interface ResolvedMetricsOptions {
@@ -37,6 +40,7 @@ export interface ResolvedMetricsOptions {
   cacheMs: number;
   timeoutMs: number;
   latencyBucketsSeconds: readonly number[];
+  scaling: ResolvedScalePolicy;
 }
 
 /** Checks the `metrics` option at boot, with the option's name in every message. */
@@ -47,6 +51,7 @@ export function resolveMetricsOptions(raw: MetricsOptions | undefined): Resolved
     'cacheMs',
     'timeoutMs',
     'latencyBucketsSeconds',
+    'scaling',
   ]);
   const buckets = value.latencyBucketsSeconds ?? DEFAULT_LATENCY_BUCKETS_SECONDS;
   if (
@@ -64,6 +69,7 @@ export function resolveMetricsOptions(raw: MetricsOptions | undefined): Resolved
     cacheMs: assertInteger('metrics.cacheMs', value.cacheMs ?? 5_000, 0, 600_000),
     timeoutMs: assertInteger('metrics.timeoutMs', value.timeoutMs ?? 3_000, 10, 120_000),
     latencyBucketsSeconds: [...buckets],
+    scaling: resolveScalePolicy(value.scaling, 'metrics.scaling'),
   };
 }
 

@@ -13,15 +13,11 @@ export function sumThroughputByQueue(counts: readonly ThroughputCount[]): Throug
   const sums = new Map<string, ThroughputCount>();
   for (const count of counts) {
     const queue = assertQueueName(count.queue);
-    const sum = sums.get(queue) ?? { queue, completed: 0, failed: 0, dead: 0 };
-    for (const field of ['completed', 'failed', 'dead'] as const) {
-      sum[field] += assertInteger(
-        `throughput ${field}`,
-        count[field],
-        0,
-        Number.MAX_SAFE_INTEGER,
-        SqlQueueValidationError,
-      );
+    const sum = sums.get(queue) ?? { queue, completed: 0, failed: 0, dead: 0, busyMs: 0 };
+    for (const field of ['completed', 'failed', 'dead', 'busyMs'] as const) {
+      sum[field] =
+        (sum[field] ?? 0) +
+        assertInteger(`throughput ${field}`, count[field] ?? 0, 0, Number.MAX_SAFE_INTEGER, SqlQueueValidationError);
     }
     sums.set(queue, sum);
   }

@@ -31,8 +31,11 @@ export class ThroughputRecorder implements QueueEventListener {
     this.errors = new ThrottledErrorLog(deps.logger, 'recording throughput', deps.clock.now);
   }
 
-  completed(event: { queue: string }): void {
-    this.count(event.queue).completed++;
+  completed(event: { queue: string; claimToDoneMs?: number }): void {
+    const count = this.count(event.queue);
+    count.completed++;
+    const ms = event.claimToDoneMs;
+    if (typeof ms === 'number' && Number.isFinite(ms) && ms > 0) count.busyMs = (count.busyMs ?? 0) + Math.round(ms);
   }
 
   failed(event: { queue: string; dead: boolean }): void {
@@ -90,7 +93,7 @@ export class ThroughputRecorder implements QueueEventListener {
   private count(queue: string): ThroughputCount {
     let count = this.pending.get(queue);
     if (!count) {
-      count = { queue, completed: 0, failed: 0, dead: 0 };
+      count = { queue, completed: 0, failed: 0, dead: 0, busyMs: 0 };
       this.pending.set(queue, count);
     }
     return count;
@@ -101,5 +104,6 @@ export class ThroughputRecorder implements QueueEventListener {
     into.completed += from.completed;
     into.failed += from.failed;
     into.dead += from.dead;
+    into.busyMs = (into.busyMs ?? 0) + (from.busyMs ?? 0);
   }
 }

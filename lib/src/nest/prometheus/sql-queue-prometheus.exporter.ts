@@ -75,6 +75,41 @@ export class SqlQueuePrometheusExporter implements OnModuleInit, OnApplicationSh
     this.registerProcessMetrics(metrics);
     if (metrics.hasBroker) this.registerBrokerMetrics(metrics);
     this.registerScheduleMetrics(metrics);
+    this.registerScaleMetrics(metrics);
+  }
+
+  /**
+   * The scale recommendation (core/scaling) per queue, for the Prometheus scaler of KEDA or an HPA
+   * through an adapter: readers across every pod, and pods at the queue's maxReaders. From one
+   * cached, bounded reading (one statement per queue).
+   */
+  private registerScaleMetrics(metrics: SqlQueueMetrics): void {
+    const read = () => metrics.readScale();
+    this.readingGauge(
+      read,
+      'scale_up',
+      'Whether the last scrape could read the scale recommendation from the database in time (1) or not (0).',
+      [],
+      (g, reading) => g.set(reading.ok ? 1 : 0),
+    );
+    this.readingGauge(
+      read,
+      'desired_readers',
+      "Readers the queue needs across every pod: running jobs plus what drains the claimable backlog in metrics.scaling.targetDrainMs, lowered only after metrics.scaling.scaleDownDelayMs (every worker's figures; the same rule as the database's desired_readers / DesiredReaders).",
+      ['queue'],
+      (g, reading) => {
+        for (const q of reading.queues) g.set({ queue: q.queue }, q.recommendedReaders);
+      },
+    );
+    this.readingGauge(
+      read,
+      'desired_workers',
+      'Worker pods the queue needs: sqlqueue_desired_readers over the queue’s maxReaders, rounded up; 0 for an idle or paused queue, at least 1 while work is claimable.',
+      ['queue'],
+      (g, reading) => {
+        for (const q of reading.queues) g.set({ queue: q.queue }, q.desiredWorkers);
+      },
+    );
   }
 
   /** Recurring jobs: from one cached, bounded reading of the schedules, and this process's tick counts. */

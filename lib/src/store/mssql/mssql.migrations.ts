@@ -2,6 +2,8 @@ import { quoteMssqlIdentifier } from './mssql.identifiers.js';
 import { MSSQL_TABLE_TYPES } from './mssql.queries.js';
 import { assertPrincipalName } from '../../core/validation.js';
 import { mssqlEnqueueProcedure, mssqlEnqueueProcedureName } from './queries/enqueue-procedure.queries.js';
+import { mssqlDesiredReadersName, mssqlDesiredReadersProcedure } from './queries/scaling.queries.js';
+import { mssqlTables } from './queries/tables.js';
 
 export interface MssqlMigration {
   version: number;
@@ -708,6 +710,30 @@ END;`,
     // need GRANT EXECUTE (the CLI prints it: --grants-for-enqueuers).
     batches: (schema) => [mssqlEnqueueProcedure(schema)],
   },
+  {
+    version: 17,
+    description: 'scale recommendation',
+    // Issue 26: the completed jobs' handler time per minute (BusyMs, the run time the scale
+    // recommendation sizes readers by; a NOT NULL column with a default: existing rows read 0),
+    // the table type that carries it (a type cannot be altered: V1 stays for the previous
+    // release's processes), and [<schema>].[DesiredReaders], what KEDA's mssql scaler queries
+    // (queries/scaling.queries.ts). Built from the scale statement as it is at this release and
+    // pinned as version 16 is: a later change to it alters the procedure in a new version.
+    batches: (schema) => {
+      const s = quoteMssqlIdentifier(schema);
+      return [
+        `ALTER TABLE ${s}.[Throughput] ADD [BusyMs] bigint NOT NULL CONSTRAINT [DF_Throughput_BusyMs] DEFAULT (0);`,
+        `CREATE TYPE ${s}.[ThroughputCountListV2] AS TABLE (
+  [Queue] nvarchar(128) COLLATE Latin1_General_100_BIN2 NOT NULL PRIMARY KEY,
+  [Completed] bigint NOT NULL,
+  [Failed] bigint NOT NULL,
+  [Dead] bigint NOT NULL,
+  [BusyMs] bigint NOT NULL
+);`,
+        mssqlDesiredReadersProcedure(mssqlTables(schema)),
+      ];
+    },
+  },
 ];
 
 export const MSSQL_LATEST_VERSION = MSSQL_MIGRATIONS[MSSQL_MIGRATIONS.length - 1]!.version;
@@ -869,6 +895,18 @@ export function mssqlEnqueueGrantsScript(schema: string, principal: string): str
   const grantee = quoteMssqlIdentifier(assertPrincipalName('enqueuers', principal));
   return `-- Lets ${grantee} call ${mssqlEnqueueProcedureName(schema)} and nothing else (no table rights).
 GRANT EXECUTE ON OBJECT::${mssqlEnqueueProcedureName(schema)} TO ${grantee};
+GO
+`;
+}
+
+/**
+ * What an autoscaler's login needs to run [<schema>].[DesiredReaders] and nothing else: EXECUTE on
+ * the procedure, which runs as its owner. Safe to run again.
+ */
+export function mssqlScalerGrantsScript(schema: string, principal: string): string {
+  const grantee = quoteMssqlIdentifier(assertPrincipalName('scalers', principal));
+  return `-- Lets ${grantee} run ${mssqlDesiredReadersName(schema)} and nothing else (KEDA's mssql scaler).
+GRANT EXECUTE ON OBJECT::${mssqlDesiredReadersName(schema)} TO ${grantee};
 GO
 `;
 }

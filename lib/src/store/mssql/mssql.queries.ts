@@ -18,6 +18,7 @@ import {
 } from './queries/enqueue.queries.js';
 import { cleanupFlowState, flowClaim, flowUsage } from './queries/flow.queries.js';
 import { findGroupProblems, listBlockedGroups, repairGroup } from './queries/groups.queries.js';
+import { scaleInputs } from './queries/scaling.queries.js';
 import { ping, queueHealth, readThroughput, recordThroughput, stats } from './queries/health.queries.js';
 import {
   getAttempts,
@@ -130,6 +131,7 @@ const STATEMENTS = {
   repairGroup,
   ping,
   queueHealth,
+  scaleInputs,
   scheduleDueIn,
   scheduleLockDue,
   scheduleAdvance,

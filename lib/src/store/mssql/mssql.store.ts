@@ -18,6 +18,7 @@ import {
   type SchemaStatus,
 } from '../../core/queue-store.js';
 import { FlowRouting } from '../flow-routing.js';
+import type { ScaleInputs } from '../../core/scaling/index.js';
 import { assertSchemaVersion } from '../../core/maintenance/index.js';
 import { MAX_TRACE_CONTEXT_LENGTH } from '../../core/tracing.js';
 import type {
@@ -97,6 +98,7 @@ import {
   pascalCaseColumns,
   toQueueHealth,
   toFlowUsage,
+  toScaleInputs,
   toQueueStats,
   toScheduleRow,
 } from '../rows.js';
@@ -648,6 +650,11 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
     return rows.map((row) => toQueueHealth(row, COLUMNS));
   }
 
+  async scaleInputs(queue: string): Promise<ScaleInputs> {
+    const [row] = await this.run<Row>('scaleInputs', (r) => r.input('Queue', sql.NVarChar(128), queue));
+    return toScaleInputs(row!, COLUMNS);
+  }
+
   getJob(id: JobId): Promise<JobRecord | null> {
     return this.readJob('getJob', id);
   }
@@ -777,8 +784,9 @@ export class MssqlQueueStore implements QueueStore, ScheduleStore {
     if (sums.length === 0) return;
     const table = new sql.Table(`${this.schema}.${MSSQL_TABLE_TYPES.throughputCounts}`);
     table.columns.add('Queue', sql.NVarChar(128), { nullable: false });
-    for (const column of ['Completed', 'Failed', 'Dead']) table.columns.add(column, sql.BigInt, { nullable: false });
-    for (const sum of sums) table.rows.add(sum.queue, sum.completed, sum.failed, sum.dead);
+    for (const column of ['Completed', 'Failed', 'Dead', 'BusyMs'])
+      table.columns.add(column, sql.BigInt, { nullable: false });
+    for (const sum of sums) table.rows.add(sum.queue, sum.completed, sum.failed, sum.dead, sum.busyMs ?? 0);
     await this.run('recordThroughput', (r) => r.input('counts', table));
   }
 

@@ -1,6 +1,7 @@
 import { assertPrincipalName } from '../../core/validation.js';
 import { quotePgIdentifier } from './postgres.identifiers.js';
 import { pgEnqueueFunction, pgEnqueueSignature } from './queries/enqueue-function.queries.js';
+import { pgDesiredReadersFunction, pgDesiredReadersSignature } from './queries/scaling.queries.js';
 import { pgTables } from './queries/tables.js';
 
 export interface PgMigration {
@@ -321,6 +322,21 @@ ORDER BY queue, group_key, id`,
       `REVOKE ALL ON FUNCTION ${pgEnqueueSignature(schema)} FROM PUBLIC`,
     ],
   },
+  {
+    version: 13,
+    description: 'scale recommendation',
+    // Issue 26: the completed jobs' handler time per minute (busy_ms, the run time the scale
+    // recommendation sizes readers by; a constant default adds the column without a rewrite), and
+    // <schema>.desired_readers(queue_name, ...), what KEDA's postgresql scaler queries
+    // (queries/scaling.queries.ts). Built from the scale statement as it is at this release and
+    // pinned as version 12 is: a later change replaces the function in a new version. EXECUTE
+    // revoked from PUBLIC.
+    statements: (schema) => [
+      `ALTER TABLE ${quotePgIdentifier(schema)}.throughput ADD COLUMN busy_ms bigint NOT NULL DEFAULT 0`,
+      pgDesiredReadersFunction(pgTables(schema)),
+      `REVOKE ALL ON FUNCTION ${pgDesiredReadersSignature(schema)} FROM PUBLIC`,
+    ],
+  },
 ];
 
 export const PG_LATEST_VERSION = PG_MIGRATIONS[PG_MIGRATIONS.length - 1]!.version;
@@ -374,5 +390,17 @@ export function pgEnqueueGrantsScript(schema: string, principal: string): string
   return `-- Lets ${role} call ${quotePgIdentifier(schema)}.enqueue(...) and nothing else (no table rights).
 GRANT USAGE ON SCHEMA ${quotePgIdentifier(schema)} TO ${role};
 GRANT EXECUTE ON FUNCTION ${pgEnqueueSignature(schema)} TO ${role};
+`;
+}
+
+/**
+ * What an autoscaler's login needs to query <schema>.desired_readers and nothing else (the
+ * function is SECURITY DEFINER): USAGE on the schema and EXECUTE on it. Safe to run again.
+ */
+export function pgScalerGrantsScript(schema: string, principal: string): string {
+  const role = quotePgIdentifier(assertPrincipalName('scalers', principal));
+  return `-- Lets ${role} read ${quotePgIdentifier(schema)}.desired_readers(...) and nothing else (KEDA's postgresql scaler).
+GRANT USAGE ON SCHEMA ${quotePgIdentifier(schema)} TO ${role};
+GRANT EXECUTE ON FUNCTION ${pgDesiredReadersSignature(schema)} TO ${role};
 `;
 }

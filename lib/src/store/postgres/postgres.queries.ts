@@ -60,6 +60,7 @@ import {
   flowUsage,
   cleanupFlowState,
 } from './queries/flow.queries.js';
+import { scaleInputs } from './queries/scaling.queries.js';
 import { pgTables, type PgTables } from './queries/tables.js';
 
 // The dialect's statements by capability live in queries/; this file is their index.
@@ -134,6 +135,7 @@ const STATEMENTS = {
   notify,
   monitoringSettings,
   queueHealth,
+  scaleInputs,
   scheduleDueIn,
   scheduleLockDue,
   scheduleAdvance,

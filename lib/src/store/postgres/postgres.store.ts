@@ -17,6 +17,7 @@ import {
   type SchemaStatus,
 } from '../../core/queue-store.js';
 import { openTransaction } from '../open-transaction.js';
+import type { ScaleInputs } from '../../core/scaling/index.js';
 import { assertSchemaVersion } from '../../core/maintenance/index.js';
 import type {
   AttemptRecord,
@@ -77,6 +78,7 @@ import {
   snakeCaseColumns,
   toQueueHealth,
   toFlowUsage,
+  toScaleInputs,
   toQueueStats,
   toScheduleRow,
 } from '../rows.js';
@@ -565,6 +567,11 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
     return rows.map((row) => toQueueHealth(row, COLUMNS));
   }
 
+  async scaleInputs(queue: string): Promise<ScaleInputs> {
+    const [row] = await this.run<Row>(null, 'scaleInputs', [queue]);
+    return toScaleInputs(row!, COLUMNS);
+  }
+
   getJob(id: JobId): Promise<JobRecord | null> {
     return this.readJob('getJob', id);
   }
@@ -668,6 +675,7 @@ export class PostgresQueueStore implements QueueStore, ScheduleStore {
       rows.map((row) => row.completed),
       rows.map((row) => row.failed),
       rows.map((row) => row.dead),
+      rows.map((row) => row.busyMs ?? 0),
     ]);
   }
 

@@ -67,16 +67,18 @@ export function recordThroughput(t: MssqlTables): string {
   const { throughput } = t;
   return `${MSSQL_STORE_SESSION}DECLARE @now datetime2(3) = SYSUTCDATETIME();
 DECLARE @minute datetime2(3) = ${minuteStart('@now')};
-DECLARE @queue nvarchar(128) = (SELECT MIN([Queue]) FROM @counts), @completed bigint, @failed bigint, @dead bigint;
+DECLARE @queue nvarchar(128) = (SELECT MIN([Queue]) FROM @counts), @completed bigint, @failed bigint, @dead bigint,
+  @busyMs bigint;
 ${atomically(`  WHILE @queue IS NOT NULL
   BEGIN
-    SELECT @completed = [Completed], @failed = [Failed], @dead = [Dead] FROM @counts WHERE [Queue] = @queue;
+    SELECT @completed = [Completed], @failed = [Failed], @dead = [Dead], @busyMs = [BusyMs] FROM @counts WHERE [Queue] = @queue;
     UPDATE ${throughput} WITH (UPDLOCK, HOLDLOCK)
-    SET [Completed] = [Completed] + @completed, [Failed] = [Failed] + @failed, [Dead] = [Dead] + @dead
+    SET [Completed] = [Completed] + @completed, [Failed] = [Failed] + @failed, [Dead] = [Dead] + @dead,
+        [BusyMs] = [BusyMs] + @busyMs
     WHERE [Minute] = @minute AND [Queue] = @queue;
     IF @@ROWCOUNT = 0
-      INSERT INTO ${throughput} ([Minute], [Queue], [Completed], [Failed], [Dead])
-      VALUES (@minute, @queue, @completed, @failed, @dead);
+      INSERT INTO ${throughput} ([Minute], [Queue], [Completed], [Failed], [Dead], [BusyMs])
+      VALUES (@minute, @queue, @completed, @failed, @dead, @busyMs);
     SET @queue = (SELECT MIN([Queue]) FROM @counts WHERE [Queue] > @queue);
   END;`)}`;
 }
@@ -184,7 +186,7 @@ ORDER BY q.[Queue];`;
  * counts the minute boundaries crossed since a datetime2 anchor on a boundary (an int until the
  * year 6000), DATEADD keeps the anchor's type. (DATETRUNC would need SQL Server 2022.)
  */
-function minuteStart(at: string, shift = ''): string {
+export function minuteStart(at: string, shift = ''): string {
   const anchor = 'DATETIME2FROMPARTS(2000, 1, 1, 0, 0, 0, 0, 3)';
   return `DATEADD(minute, DATEDIFF(minute, ${anchor}, ${at})${shift}, ${anchor})`;
 }

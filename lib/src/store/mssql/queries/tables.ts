@@ -44,5 +44,6 @@ export const MSSQL_TABLE_TYPES = {
   ids: 'IdList',
   scheduleUpsert: 'ScheduleUpsertList',
   scheduleAdvance: 'ScheduleAdvanceList',
-  throughputCounts: 'ThroughputCountList',
+  // V2 carries BusyMs (version 17); V1 stays for the previous release's processes during a rolling upgrade.
+  throughputCounts: 'ThroughputCountListV2',
 } as const;

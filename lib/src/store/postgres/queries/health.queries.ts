@@ -51,12 +51,13 @@ SELECT
 // never deadlock.
 export function recordThroughput(t: PgTables): string {
   const { throughput } = t;
-  return `INSERT INTO ${throughput} AS t (minute, queue, completed, failed, dead)
-SELECT date_trunc('minute', now(), 'UTC'), c.queue, c.completed, c.failed, c.dead
-FROM unnest($1::varchar[], $2::bigint[], $3::bigint[], $4::bigint[]) AS c(queue, completed, failed, dead)
+  return `INSERT INTO ${throughput} AS t (minute, queue, completed, failed, dead, busy_ms)
+SELECT date_trunc('minute', now(), 'UTC'), c.queue, c.completed, c.failed, c.dead, c.busy_ms
+FROM unnest($1::varchar[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[]) AS c(queue, completed, failed, dead, busy_ms)
 ORDER BY c.queue
 ON CONFLICT (minute, queue) DO UPDATE
-SET completed = t.completed + EXCLUDED.completed, failed = t.failed + EXCLUDED.failed, dead = t.dead + EXCLUDED.dead`;
+SET completed = t.completed + EXCLUDED.completed, failed = t.failed + EXCLUDED.failed, dead = t.dead + EXCLUDED.dead,
+    busy_ms = t.busy_ms + EXCLUDED.busy_ms`;
 }
 
 // $1 minutes: the buckets of the last $1 minutes, the current one included, oldest first, as
