@@ -17,6 +17,7 @@ import { mssqlDropSchema } from '../lib/src/store/mssql/mssql.migrations.js';
 import { resolveModuleOptions } from '../lib/src/nest/sql-queue.options.js';
 import { NO_TRACING, type QueueTracer } from '../lib/src/core/tracing.js';
 import { OtelQueueTracer } from '../lib/src/tracing/otel.tracer.js';
+import type { DbCost } from './db-cost.js';
 
 export const PG_URL = process.env.SQLQUEUE_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 
@@ -38,6 +39,8 @@ export interface Result {
   /** Target from the benchmark issue, as a ratio of the reference or an absolute bound. */
   target?: string;
   pass?: boolean;
+  /** What a job of this figure cost the database (PostgreSQL, counted on the wire: bench/db-cost.ts). */
+  dbCost?: DbCost;
 }
 
 export function schemaName(label: string): string {

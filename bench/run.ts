@@ -11,8 +11,8 @@
  * reference loops are written for PostgreSQL).
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { PG_URL, POSTGRES, type Result, type Target } from './common.js';
-import { drainCase } from './cases/drain.js';
+import { dropSchema, openStore, PG_URL, POSTGRES, schemaName, type Result, type Target } from './common.js';
+import { drainCase, drainOnce } from './cases/drain.js';
 import { enqueueCase } from './cases/enqueue.js';
 import { flowCase } from './cases/flow.js';
 import { groupsCase } from './cases/groups.js';
@@ -21,6 +21,7 @@ import { idleCase } from './cases/idle.js';
 import { latencyCase } from './cases/latency.js';
 import { transactionalCase } from './cases/transactional.js';
 import { sqlEnqueueCase } from './cases/sql-enqueue.js';
+import { crossCheckCommits } from './db-cost.js';
 
 const args = process.argv.slice(2);
 const quick = args.includes('--quick');
@@ -80,6 +81,24 @@ for (const [name, run] of cases) {
   results.push(...(await run()));
 }
 
+// The wire's commit count against pg_stat_database's, once, on a README-defaults drain: the
+// figures per job above are the wire's (exact and immediate), this says they are the server's too.
+let commitCheck: { jobs: number; server: number; wire: number } | null = null;
+if (!only || only.includes('drain')) {
+  const schema = schemaName('commitcheck');
+  const store = await openStore(PG_URL, schema, 20);
+  const jobs = quick ? 2_000 : 10_000;
+  try {
+    const counted = await crossCheckCommits(PG_URL, async () => {
+      await drainOnce(store, 'commit-check', jobs, 10, 'defaults');
+    });
+    commitCheck = { jobs, ...counted };
+  } finally {
+    await store.close();
+    await dropSchema(PG_URL, schema);
+  }
+}
+
 const rows = results.map((r) => [
   r.case,
   r.variant,
@@ -88,18 +107,26 @@ const rows = results.map((r) => [
   ratio(r) === undefined ? '' : `${ratio(r)}%`,
   r.target ?? '',
   verdict(r),
+  r.dbCost ? String(r.dbCost.statementsPerJob) : '',
+  r.dbCost ? String(r.dbCost.commitsPerJob) : '',
 ]);
-const header = ['case', 'variant', 'ours', 'reference', 'ratio', 'target', ''];
+const header = ['case', 'variant', 'ours', 'reference', 'ratio', 'target', '', 'statements/job', 'commits/job'];
 const widths = header.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i]!.length)));
 const line = (cells: string[]) => cells.map((c, i) => c.padEnd(widths[i]!)).join(' | ');
 process.stdout.write(`${line(header)}\n${widths.map((w) => '-'.repeat(w)).join('-|-')}\n`);
 for (const row of rows) process.stdout.write(`${line(row)}\n`);
+if (commitCheck) {
+  process.stdout.write(
+    `\ncommits of a ${commitCheck.jobs}-job README-defaults drain (with its enqueue): pg_stat_database ${commitCheck.server}, counted on the wire ${commitCheck.wire}\n`,
+  );
+}
 
 const report = {
   date: new Date().toISOString(),
   node: process.version,
   quick,
   durationSeconds: Math.round((Date.now() - started) / 1000),
+  commitCheck,
   results: results.map((r) => ({ ...r, ratioPercent: ratio(r), verdict: verdict(r) || undefined })),
 };
 process.stdout.write(`\n${JSON.stringify(report, null, 2)}\n`);

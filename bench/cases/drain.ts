@@ -14,6 +14,7 @@ import {
   type Target,
 } from '../common.js';
 import { RawReference } from '../reference.js';
+import { costPerJob, wireCounters, type DbCost } from '../db-cost.js';
 
 /**
  * Two ways to run a queue at a handler concurrency of `concurrency`:
@@ -76,12 +77,26 @@ export async function drainOnce(
     ],
     [{ completed: () => ++completed === total && finish() }],
   );
+  const before = wireCounters();
   const started = performance.now();
   await consumer.start();
   await bounded(`draining ${total} jobs at concurrency ${concurrency}`, 300_000, allDone);
   const elapsed = performance.now() - started;
   await consumer.stop(5_000);
+  drainCosts.set(queue, costPerJob(before, total));
   return perSecond(total, elapsed);
+}
+
+/** What each drainOnce cost the database per job (its drain, not the enqueue before it), by queue. */
+export const drainCosts = new Map<string, DbCost>();
+
+/** The mean cost of the drains of `queues`. */
+export function meanDrainCost(queues: readonly string[]): DbCost | undefined {
+  const costs = queues.map((queue) => drainCosts.get(queue)).filter((cost): cost is DbCost => cost !== undefined);
+  if (costs.length === 0) return undefined;
+  const mean = (pick: (cost: DbCost) => number) =>
+    Math.round((costs.reduce((sum, cost) => sum + pick(cost), 0) / costs.length) * 1000) / 1000;
+  return { statementsPerJob: mean((c) => c.statementsPerJob), commitsPerJob: mean((c) => c.commitsPerJob) };
 }
 
 export async function drainCase(target: Target, scale: number): Promise<Result[]> {
@@ -107,6 +122,7 @@ export async function drainCase(target: Target, scale: number): Promise<Result[]
         unit: 'jobs/s',
         ...(raw100 ? { reference: { name: 'raw claim LIMIT 100 + one completion', value: raw100 } } : {}),
         ...(concurrency === 10 ? { target: '>= 50% of reference' } : {}),
+        ...(target.dialect === 'postgres' ? { dbCost: drainCosts.get(`drain-${concurrency}`) } : {}),
       });
     }
     // The README's quick start: `{ maxReaders }` only. Its yardstick is the tuned profile above.
@@ -120,6 +136,7 @@ export async function drainCase(target: Target, scale: number): Promise<Result[]
         unit: 'jobs/s',
         reference: { name: 'the tuned profile, same concurrency', value: tuned.get(concurrency)! },
         ...(concurrency === 1 ? {} : { target: '>= 80% of reference' }),
+        ...(target.dialect === 'postgres' ? { dbCost: drainCosts.get(`drain-default-${concurrency}`) } : {}),
       });
     }
     // Job control's cost (issue 23): one progress report per job, README defaults at concurrency
@@ -141,6 +158,13 @@ export async function drainCase(target: Target, scale: number): Promise<Result[]
       unit: 'jobs/s',
       reference: { name: 'the same without progress, alternated', value: mean(plain) },
       target: '>= 90% of reference',
+      ...(target.dialect === 'postgres'
+        ? {
+            dbCost: meanDrainCost(
+              queues.filter((queue) => queue.startsWith('drain-progress-') && queue.endsWith('-true')),
+            ),
+          }
+        : {}),
     });
     if (raw1) {
       results.push({

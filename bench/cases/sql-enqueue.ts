@@ -1,5 +1,6 @@
 import pgLib from 'pg';
 import { dropSchema, openStore, payload, perSecond, PG_URL, producerFor, schemaName, type Result } from '../common.js';
+import { costPerJob, wireCounters, type DbCost } from '../db-cost.js';
 
 /**
  * Enqueue from SQL (issue 25): one client calling `<schema>.enqueue(...)` in autocommit, one job a
@@ -15,22 +16,29 @@ export async function sqlEnqueueCase(scale: number): Promise<Result[]> {
   const total = Math.round(3_000 * scale);
   let serial = 0;
   try {
+    const costs = new Map<string, DbCost>();
     const viaProducer = async (keyed: boolean) => {
+      const before = wireCounters();
       const started = performance.now();
       for (let i = 0; i < total; i++) {
         const n = ++serial;
         await producer.enqueue('producer', payload(n), keyed ? { idempotencyKey: `k${n}` } : undefined);
       }
-      return perSecond(total, performance.now() - started);
+      const rate = perSecond(total, performance.now() - started);
+      costs.set(`producer-${keyed}`, costPerJob(before, total));
+      return rate;
     };
     const viaFunction = async (keyed: boolean) => {
       const text = `SELECT job_id FROM "${schema}".enqueue('function', $1::jsonb, idempotency_key => $2)`;
+      const before = wireCounters();
       const started = performance.now();
       for (let i = 0; i < total; i++) {
         const n = ++serial;
         await client.query({ name: 'sql-enqueue', text, values: [JSON.stringify(payload(n)), keyed ? `k${n}` : null] });
       }
-      return perSecond(total, performance.now() - started);
+      const rate = perSecond(total, performance.now() - started);
+      costs.set(`function-${keyed}`, costPerJob(before, total));
+      return rate;
     };
     const results: Result[] = [];
     for (const keyed of [false, true]) {
@@ -50,6 +58,14 @@ export async function sqlEnqueueCase(scale: number): Promise<Result[]> {
           name: `producer.enqueue, 1 caller, sequential${keyed ? ', idempotency key' : ''}`,
           value: mean(producers),
         },
+        dbCost: costs.get(`function-${keyed}`),
+      });
+      results.push({
+        case: 'sql-enqueue',
+        variant: `producer.enqueue, 1 caller, sequential${keyed ? ', idempotency key' : ''} (README defaults)`,
+        value: mean(producers),
+        unit: 'jobs/s',
+        dbCost: costs.get(`producer-${keyed}`),
       });
     }
     return results;

@@ -1,7 +1,7 @@
 import type pg from 'pg';
 import pgLib from 'pg';
 import { dropSchema, openStore, PG_URL, schemaName, sql, type Result } from '../common.js';
-import { drainOnce } from './drain.js';
+import { drainOnce, meanDrainCost } from './drain.js';
 
 /**
  * Transactional handlers' cost (issue 25): the README's `{ maxReaders: 10 }` drain with a handler
@@ -47,6 +47,14 @@ export async function transactionalCase(scale: number): Promise<Result[]> {
         value: mean(inside),
         unit: 'jobs/s',
         reference: { name: 'the same row written outside, completion batched, alternated', value: mean(outside) },
+        dbCost: meanDrainCost(['tx-inside-0', 'tx-inside-1']),
+      },
+      {
+        case: 'transactional',
+        variant: 'the same row written outside the handler transaction, completion batched (README defaults)',
+        value: mean(outside),
+        unit: 'jobs/s',
+        dbCost: meanDrainCost(['tx-outside-0', 'tx-outside-1']),
       },
     ];
   } finally {
