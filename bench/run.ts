@@ -18,6 +18,7 @@ import { flowCase } from './cases/flow.js';
 import { groupsCase } from './cases/groups.js';
 import { growthCase } from './cases/growth.js';
 import { idleCase } from './cases/idle.js';
+import { idlePodsCase } from './cases/idle-pods.js';
 import { latencyCase } from './cases/latency.js';
 import { transactionalCase } from './cases/transactional.js';
 import { sqlEnqueueCase } from './cases/sql-enqueue.js';
@@ -50,6 +51,7 @@ const cases: [string, () => Promise<Result[]>][] = [
   ['latency', () => latencyCase(PG_URL, quick ? 5 : 20)],
   ['growth', () => growthCase(PG_URL, quick ? 200_000 : 1_000_000, Math.round(20_000 * scale))],
   ['idle', () => idleCase(PG_URL, quick ? 10 : 30)],
+  ['idle-pods', () => idlePodsCase(PG_URL, quick ? 10 : 30)],
   [
     'groups',
     () =>
