@@ -3,6 +3,7 @@ import type { BrokerRuntimeApi, BrokerSnapshot } from '../../lib/src/broker/brok
 import type { QueueEventListener } from '../../lib/src/core/events.js';
 import { safeEmit } from '../../lib/src/core/events.js';
 import { resolveMetricsOptions } from '../../lib/src/core/metrics/queue-metrics.js';
+import { resolveConsumerOptions } from '../../lib/src/core/options.js';
 import type { SqlQueueConsumerHost } from '../../lib/src/index.js';
 import { SqlQueueMetrics } from '../../lib/src/index.js';
 import type { SqlQueueRuntime } from '../../lib/src/nest/sql-queue.runtime.js';
@@ -38,8 +39,27 @@ function setup(brokerStats: () => Promise<{ messagesWaiting: number; dead: numbe
     conversationEndpoints: async () => ({ CONVERSING: 4, DISCONNECTED_INBOUND: 1 }),
   } as unknown as BrokerRuntimeApi;
   const runtime = {
-    options: { metrics: resolveMetricsOptions({ cacheMs: 0 }), queues: {}, broker: broker.options },
-    store: { queueHealth: async () => [] },
+    options: {
+      metrics: resolveMetricsOptions({ cacheMs: 0 }),
+      queues: {},
+      broker: broker.options,
+      consumer: resolveConsumerOptions({}),
+    },
+    store: {
+      queueHealth: async () => [],
+      // The table queue itself is empty: the work is in the broker queue.
+      scaleInputs: async () => ({
+        claimable: 0,
+        running: 0,
+        completedInWindow: 0,
+        busyMsInWindow: 0,
+        windowMs: 300_000,
+        paused: false,
+        globalConcurrency: null,
+        rateMax: null,
+        ratePerMs: null,
+      }),
+    },
     broker,
     addListener: (listener: QueueEventListener) => listeners.push(listener),
   } as unknown as SqlQueueRuntime;
@@ -51,6 +71,20 @@ function setup(brokerStats: () => Promise<{ messagesWaiting: number; dead: numbe
 }
 
 describe('Service Broker figures in SqlQueueMetrics and Prometheus', () => {
+  it("scales a broker queue on its messages waiting: they are its table queue's work", async () => {
+    const { metrics, exporter } = setup(async () => ({ messagesWaiting: 600, dead: 0 }));
+    const reading = await metrics.readScale();
+    expect(reading.error).toBeNull();
+    expect(reading.ok).toBe(true);
+    // 600 waiting at the default 1 s a job, drained in 60 s: 10 readers, 2 pods of the default 5.
+    expect(reading.queues).toEqual([
+      expect.objectContaining({ queue: 'orders', brokerMessagesWaiting: 600, desiredReaders: 10, desiredWorkers: 2 }),
+    ]);
+    expect(reading.queues[0]!.inputs.claimable).toBe(600);
+    const text = parsePrometheusText(await exporter.metrics());
+    expect(sampleValue(text, 'sqlqueue_desired_workers', { queue: 'orders' })).toBe(2);
+  });
+
   it('reads messages waiting, dead jobs, endpoints, receivers and the event counts', async () => {
     const { metrics, exporter, listeners } = setup(async () => ({ messagesWaiting: 12, dead: 2 }));
     safeEmit(listeners, 'brokerMoved', { queue: 'orders', received: 5, moved: 4, ended: 1 });

@@ -76,8 +76,13 @@ async function mapWithConcurrency<T, R>(
 /** The scale recommendation of one queue (core/scaling), as the Prometheus gauges give it. */
 export interface SqlQueueScaleFigures {
   queue: string;
-  /** What the database says now (every worker). */
+  /**
+   * What the database says now (every worker). For a Service Broker queue, `claimable` includes
+   * the messages waiting in its broker queue, which its receivers move into this table queue.
+   */
   inputs: ScaleInputs;
+  /** Messages waiting in the Service Broker queue of this name; null for a table queue only. */
+  brokerMessagesWaiting: number | null;
   /** Readers the queue needs now, across every pod (what the SQL function for KEDA returns). */
   desiredReaders: number;
   /**
@@ -274,12 +279,22 @@ export class SqlQueueMetrics {
     const database = await this.readDatabase();
     if (!database.ok) return failed(new Error(database.error ?? 'the database could not be read'));
     const maxReadersHere = new Map(this.host.snapshot().queues.map((q) => [q.queue, q.maxReaders]));
+    // Service Broker queues: their messages waiting are work of the table queue they move into.
+    const waiting = new Map<string, number>();
+    if (this.runtime.broker) {
+      const broker = await this.readBroker();
+      if (!broker?.ok) return failed(new Error(broker?.error ?? 'the Service Broker figures could not be read'));
+      for (const q of broker.queues) waiting.set(q.queue, q.database?.messagesWaiting ?? 0);
+    }
+    const names = [...new Set([...database.queues.map((q) => q.queue), ...waiting.keys()])].sort();
     try {
       // Two statements at a time at most, so a scrape of many queues never takes the connections
       // claims and completions need.
       const queues = await withTimeout(
-        mapWithConcurrency(database.queues, SCALE_READ_CONCURRENCY, async ({ queue }) => {
-          const inputs = await store.scaleInputs!(queue);
+        mapWithConcurrency(names, SCALE_READ_CONCURRENCY, async (queue) => {
+          const read = await store.scaleInputs!(queue);
+          const messages = waiting.get(queue) ?? null;
+          const inputs = messages === null ? read : { ...read, claimable: read.claimable + messages };
           const readers = desiredReaders(inputs, this.options.scaling);
           let recommender = this.recommenders.get(queue);
           if (!recommender) {
@@ -291,6 +306,7 @@ export class SqlQueueMetrics {
           return {
             queue,
             inputs,
+            brokerMessagesWaiting: messages,
             desiredReaders: readers,
             recommendedReaders: recommended,
             maxReaders,
