@@ -53,24 +53,26 @@ export async function crossCheckCommits(
   url: string,
   work: () => Promise<void>,
 ): Promise<{ server: number; wire: number }> {
-  const read = async () => {
-    const client = new pg.Client({ connectionString: url });
-    await client.connect();
-    try {
-      const { rows } = await client.query<{ n: string }>(
-        'SELECT xact_commit::text AS n FROM pg_stat_database WHERE datname = current_database()',
-      );
-      return Number(rows[0]!.n);
-    } finally {
-      await client.end();
-    }
-  };
   await new Promise((resolve) => setTimeout(resolve, 11_000));
-  const serverBefore = await read();
+  const serverBefore = await serverCommits(url);
   const wireBefore = wireCounters().commits;
   await work();
   const wireAfter = wireCounters().commits;
   await new Promise((resolve) => setTimeout(resolve, 11_000));
-  const serverAfter = await read();
+  const serverAfter = await serverCommits(url);
   return { server: serverAfter - serverBefore, wire: wireAfter - wireBefore };
+}
+
+/** The transactions the database has committed so far (pg_stat_database.xact_commit, as flushed). */
+export async function serverCommits(url: string): Promise<number> {
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  try {
+    const { rows } = await client.query<{ n: string }>(
+      'SELECT xact_commit::text AS n FROM pg_stat_database WHERE datname = current_database()',
+    );
+    return Number(rows[0]!.n);
+  } finally {
+    await client.end();
+  }
 }

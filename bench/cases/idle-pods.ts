@@ -1,7 +1,7 @@
 import { fork, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import pg from 'pg';
 import { dropSchema, openStore, schemaName, type Result } from '../common.js';
+import { serverCommits } from '../db-cost.js';
 
 /**
  * What idle pods cost the database (issue 26): N worker processes (1, 4, 8: 50 are too many for
@@ -32,10 +32,10 @@ export async function idlePodsCase(url: string, seconds: number): Promise<Result
       // Past the ramp of pauses (50 ms doubling to 2 s takes about 3 s) and past the backends'
       // idle flush of their statistics (10 s), so both readings lag alike.
       await new Promise((resolve) => setTimeout(resolve, 15_000));
-      const before = await commits(url);
+      const before = await serverCommits(url);
       const started = Date.now();
       await new Promise((resolve) => setTimeout(resolve, seconds * 1_000));
-      const after = await commits(url);
+      const after = await serverCommits(url);
       const perSecond = Math.round(((after - before) / ((Date.now() - started) / 1_000)) * 10) / 10;
       const formula = (pods * queues * 1_000) / maxPollMs;
       results.push({
@@ -58,17 +58,4 @@ export async function idlePodsCase(url: string, seconds: number): Promise<Result
     unit: 'statements/s',
   });
   return results;
-}
-
-async function commits(url: string): Promise<number> {
-  const client = new pg.Client({ connectionString: url });
-  await client.connect();
-  try {
-    const { rows } = await client.query<{ n: string }>(
-      'SELECT xact_commit::text AS n FROM pg_stat_database WHERE datname = current_database()',
-    );
-    return Number(rows[0]!.n);
-  } finally {
-    await client.end();
-  }
 }

@@ -11,7 +11,7 @@ import { describeSqlEnqueueContract, type SqlEnqueueSession } from './sql-enqueu
 import type { SqlEnqueueCall } from './sql-enqueue-cases.js';
 
 /** The function's call for one SqlEnqueueCall, with named arguments for what it sets. */
-export function pgEnqueueCall(schema: string, call: SqlEnqueueCall): { text: string; params: unknown[] } {
+function pgEnqueueCall(schema: string, call: SqlEnqueueCall): { text: string; params: unknown[] } {
   const params: unknown[] = [call.queue, call.payloadText ?? JSON.stringify(call.payload)];
   const named: string[] = [];
   const add = (name: string, value: unknown, cast: string) => {

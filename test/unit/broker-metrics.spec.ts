@@ -4,6 +4,7 @@ import type { QueueEventListener } from '../../lib/src/core/events.js';
 import { safeEmit } from '../../lib/src/core/events.js';
 import { resolveMetricsOptions } from '../../lib/src/core/metrics/queue-metrics.js';
 import { resolveConsumerOptions } from '../../lib/src/core/options.js';
+import { IDLE_SCALE_INPUTS } from '../helpers/scale.js';
 import type { SqlQueueConsumerHost } from '../../lib/src/index.js';
 import { SqlQueueMetrics } from '../../lib/src/index.js';
 import type { SqlQueueRuntime } from '../../lib/src/nest/sql-queue.runtime.js';
@@ -48,17 +49,7 @@ function setup(brokerStats: () => Promise<{ messagesWaiting: number; dead: numbe
     store: {
       queueHealth: async () => [],
       // The table queue itself is empty: the work is in the broker queue.
-      scaleInputs: async () => ({
-        claimable: 0,
-        running: 0,
-        completedInWindow: 0,
-        busyMsInWindow: 0,
-        windowMs: 300_000,
-        paused: false,
-        globalConcurrency: null,
-        rateMax: null,
-        ratePerMs: null,
-      }),
+      scaleInputs: async () => IDLE_SCALE_INPUTS,
     },
     broker,
     addListener: (listener: QueueEventListener) => listeners.push(listener),

@@ -11,21 +11,11 @@ import {
   desiredWorkers,
   resolveScalePolicy,
   ScaleRecommender,
-  type ScaleInputs,
 } from '../../lib/src/core/scaling/index.js';
 import { SqlQueueConfigError } from '../../lib/src/core/errors.js';
+import { IDLE_SCALE_INPUTS } from '../helpers/scale.js';
 
-const idle: ScaleInputs = {
-  claimable: 0,
-  running: 0,
-  completedInWindow: 0,
-  busyMsInWindow: 0,
-  windowMs: 300_000,
-  paused: false,
-  globalConcurrency: null,
-  rateMax: null,
-  ratePerMs: null,
-};
+const idle = IDLE_SCALE_INPUTS;
 
 describe('desiredReaders', () => {
   it('is 0 for an idle queue, the running jobs for a paused one, and at least 1 while work is claimable', () => {

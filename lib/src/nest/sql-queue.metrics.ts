@@ -322,14 +322,10 @@ export class SqlQueueMetrics {
     }
   }
 
-  /** maxReaders of a queue this process does not consume: its module options, else the default. */
+  /** maxReaders of a queue this process does not consume, from its module options (checked at boot). */
   private configuredMaxReaders(queue: string): number {
-    try {
-      return resolveQueueOptions(queue, { module: this.runtime.options.queues[queue] }, this.runtime.options.consumer)
-        .maxReaders;
-    } catch {
-      return resolveQueueOptions(queue, {}, this.runtime.options.consumer).maxReaders;
-    }
+    return resolveQueueOptions(queue, { module: this.runtime.options.queues[queue] }, this.runtime.options.consumer)
+      .maxReaders;
   }
 
   /** Whether the module declares Service Broker queues (the `broker` option). */

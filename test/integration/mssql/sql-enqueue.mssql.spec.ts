@@ -17,7 +17,7 @@ import type { SqlEnqueueCall } from '../sql-enqueue-cases.js';
 import { describeEachMssqlDatabase, type MssqlDatabase } from './mssql-databases.js';
 
 /** Binds one SqlEnqueueCall as the procedure's parameters; what it leaves out takes its default. */
-export function bindEnqueueCall(request: sql.Request, call: SqlEnqueueCall): sql.Request {
+function bindEnqueueCall(request: sql.Request, call: SqlEnqueueCall): sql.Request {
   const o = call.options ?? {};
   request.input('Queue', sql.NVarChar(4000), call.queue);
   // A null payload is SQL NULL, as a trigger without one passes it.
